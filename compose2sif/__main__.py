@@ -1,0 +1,3 @@
+from compose2sif.cli import main
+
+main()

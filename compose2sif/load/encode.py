@@ -1,0 +1,299 @@
+"""The loaded project as `docker compose config` prints it.
+
+Compose decodes its model into Go types and prints those: durations as ``1m30s``, sizes as byte
+counts in strings, ``command`` split like a shell, ``count: all`` as -1, empty deploy sections kept
+as ``{}``. This module applies the same typing to the keys compose2sif supports; other keys are
+printed as loaded (in long syntax).
+"""
+from __future__ import annotations
+
+import shlex
+from typing import Any, Callable, Dict, List, Optional
+
+from compose2sif.errors import ComposeError
+from compose2sif.units import float32, format_duration, go_str, parse_bytes, parse_duration
+
+
+def _fail(path: str, message: str) -> ComposeError:
+    return ComposeError(message, path=path)
+
+
+def _string(value: Any, path: str) -> str:
+    if isinstance(value, (dict, list)) or value is None:
+        raise _fail(path, f"must be a string, not {type(value).__name__}")
+    return value if isinstance(value, str) else go_str(value)
+
+
+def _int(value: Any, path: str) -> int:
+    if isinstance(value, bool):
+        raise _fail(path, f"must be an integer, not {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return int(value)
+    raise _fail(path, f"must be an integer, not {value!r}")
+
+
+def _duration(value: Any, path: str) -> str:
+    try:
+        return format_duration(parse_duration(go_str(value)))
+    except ValueError as exc:
+        raise _fail(path, str(exc)) from None
+
+
+def _bytes(value: Any, path: str) -> str:
+    try:
+        return str(parse_bytes(value))
+    except ValueError as exc:
+        raise _fail(path, str(exc)) from None
+
+
+def shell_command(value: Any, path: str) -> Optional[List[str]]:
+    """A command or entrypoint: a list stays a list; a string is split like a POSIX shell."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            return shlex.split(value)
+        except ValueError as exc:
+            raise _fail(path, f"cannot split {value!r} like a shell: {exc}") from None
+    if isinstance(value, list):
+        return [_string(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    raise _fail(path, "must be a string or a list of strings")
+
+
+def _ports(value: Any, path: str) -> List[Dict[str, Any]]:
+    ports = []
+    for i, port in enumerate(value or []):
+        where = f"{path}[{i}]"
+        if not isinstance(port, dict):
+            raise _fail(where, "invalid port")
+        out: Dict[str, Any] = {}
+        for key, item in port.items():
+            if key == "target":
+                target = _int(item, f"{where}.target")
+                if not 0 <= target <= 65535:
+                    raise _fail(f"{where}.target", f"invalid port {target}")
+                out[key] = target
+            elif key == "published":
+                if item not in (None, ""):
+                    out[key] = go_str(item)
+            elif key in ("host_ip", "protocol", "mode", "name", "app_protocol"):
+                if item not in (None, ""):
+                    out[key] = _string(item, f"{where}.{key}")
+            elif not key.startswith("x-"):
+                raise _fail(f"{where}.{key}", "unknown port attribute")
+        if "target" not in out:
+            raise _fail(where, "a port needs a target")
+        ports.append(out)
+    return ports
+
+
+def _volumes(value: Any, path: str) -> List[Dict[str, Any]]:
+    volumes = []
+    for i, volume in enumerate(value or []):
+        where = f"{path}[{i}]"
+        out: Dict[str, Any] = {}
+        for key, item in volume.items():
+            if key == "read_only":
+                if item:
+                    out[key] = True
+            elif key == "bind" and isinstance(item, dict):
+                bind = {k: v for k, v in item.items() if v not in (None, "", False)}
+                out[key] = bind
+            elif key == "tmpfs" and isinstance(item, dict):
+                tmpfs = {}
+                if item.get("size") not in (None, 0, ""):
+                    tmpfs["size"] = _bytes(item["size"], f"{where}.tmpfs.size")
+                if item.get("mode"):
+                    tmpfs["mode"] = _int(item["mode"], f"{where}.tmpfs.mode")
+                out[key] = tmpfs
+            elif key == "volume" and isinstance(item, dict):
+                out[key] = {k: v for k, v in item.items() if v not in (None, "", False)}
+            elif item not in (None, ""):
+                out[key] = item
+        volumes.append(out)
+    return volumes
+
+
+def _healthcheck(value: Any, path: str) -> Dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(path, "must be a mapping")
+    out: Dict[str, Any] = {}
+    for key, item in value.items():
+        where = f"{path}.{key}"
+        if key == "test":
+            if isinstance(item, str):
+                out[key] = ["CMD-SHELL", item]
+            elif isinstance(item, list):
+                out[key] = [_string(x, where) for x in item]
+            else:
+                raise _fail(where, "must be a string or a list")
+        elif key in ("interval", "timeout", "start_period", "start_interval"):
+            if item is not None:
+                out[key] = _duration(item, where)
+        elif key == "retries":
+            if item is not None:
+                out[key] = _int(item, where)
+        elif key == "disable":
+            if item:
+                out[key] = True
+        elif not key.startswith("x-"):
+            raise _fail(where, "unknown healthcheck attribute")
+    return out
+
+
+def _device_request(value: Any, path: str) -> Dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(path, "a device request must be a mapping")
+    out: Dict[str, Any] = {}
+    for key, item in value.items():
+        where = f"{path}.{key}"
+        if key == "count":
+            if isinstance(item, str) and item.lower() == "all":
+                count = -1
+            else:
+                try:
+                    count = _int(item, where)
+                except ComposeError:
+                    raise _fail(where, f"invalid value {item!r}, the only value allowed is 'all' or a number") \
+                        from None
+            if count:
+                out[key] = count
+        elif key in ("capabilities", "device_ids"):
+            if item:
+                out[key] = [_string(x, where) for x in item]
+        elif item not in (None, "", {}, []):
+            out[key] = item
+    return out
+
+
+def _resource(value: Any, path: str) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, item in (value or {}).items():
+        where = f"{path}.{key}"
+        if key == "cpus":
+            try:
+                cpus = float32(float(item))
+            except (TypeError, ValueError):
+                raise _fail(where, f"invalid cpus value {item!r}") from None
+            if cpus:
+                out[key] = cpus
+        elif key == "memory":
+            memory = _bytes(item, where)
+            if memory != "0":
+                out[key] = memory
+        elif key == "pids":
+            if item:
+                out[key] = _int(item, where)
+        elif key == "devices":
+            if item:
+                out[key] = [_device_request(d, f"{where}[{i}]") for i, d in enumerate(item)]
+        elif item not in (None, "", {}, []):
+            out[key] = item
+    return out
+
+
+def _deploy(value: Any, path: str) -> Dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(path, "must be a mapping")
+    out: Dict[str, Any] = {}
+    for key, item in value.items():
+        where = f"{path}.{key}"
+        if key == "resources":
+            resources = {}
+            for part in ("limits", "reservations"):
+                if (item or {}).get(part) is not None:
+                    resources[part] = _resource(item[part], f"{where}.{part}")
+            out[key] = resources
+        elif key == "restart_policy" and isinstance(item, dict):
+            policy = {}
+            for k, v in item.items():
+                if k in ("delay", "window") and v is not None:
+                    policy[k] = _duration(v, f"{where}.{k}")
+                elif k == "max_attempts" and v is not None:
+                    policy[k] = _int(v, f"{where}.{k}")
+                elif v not in (None, ""):
+                    policy[k] = v
+            out[key] = policy
+        elif key == "replicas":
+            if item is not None:
+                out[key] = _int(item, where)
+        elif item not in (None, ""):
+            out[key] = item
+    out.setdefault("resources", {})
+    out.setdefault("placement", {})
+    return out
+
+
+def _ulimits(value: Any, path: str) -> Dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(path, "must be a mapping")
+    out: Dict[str, Any] = {}
+    for name, limit in value.items():
+        where = f"{path}.{name}"
+        if isinstance(limit, dict):
+            pair = {k: _int(limit[k], f"{where}.{k}") for k in ("soft", "hard") if limit.get(k)}
+            out[name] = pair
+        else:
+            out[name] = _int(limit, where)
+    return out
+
+
+def _depends_on(value: Any, path: str) -> Dict[str, Any]:
+    out = {}
+    for name, dep in (value or {}).items():
+        entry = {"condition": dep.get("condition") or "service_started", "required": bool(dep.get("required", True))}
+        if dep.get("restart"):
+            entry["restart"] = True
+        out[name] = entry
+    return out
+
+
+def _environment(value: Any, path: str) -> Dict[str, Optional[str]]:
+    return {k: v for k, v in (value or {}).items()}
+
+
+def _optional_string(value: Any, path: str) -> Optional[str]:
+    if value is None:
+        return None
+    return _string(value, path) or None
+
+
+_ENCODERS: Dict[str, Callable[[Any, str], Any]] = {
+    "command": shell_command, "entrypoint": shell_command,
+    "environment": _environment, "ports": _ports, "volumes": _volumes,
+    "healthcheck": _healthcheck, "deploy": _deploy, "ulimits": _ulimits,
+    "depends_on": _depends_on, "shm_size": _bytes,
+    "gpus": lambda v, p: [_device_request(d, f"{p}[{i}]") for i, d in enumerate(v or [])],
+    "image": _optional_string, "working_dir": _optional_string, "user": _optional_string,
+    "ipc": _optional_string, "network_mode": _optional_string, "restart": _optional_string,
+    "profiles": lambda v, p: [_string(x, p) for x in v or []] or None,
+}
+_ALWAYS = ("command", "entrypoint")  # Compose prints these as null when unset
+
+
+def encode_service(name: str, service: Dict[str, Any]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, value in service.items():
+        encoder = _ENCODERS.get(key)
+        encoded = encoder(value, f"services.{name}.{key}") if encoder else value
+        if encoded in (None, "", {}, []) and key not in _ALWAYS and key != "shm_size":
+            if key in ("environment", "ports", "volumes", "depends_on", "profiles", "ulimits", "gpus", "image",
+                       "working_dir", "user", "ipc", "network_mode", "restart"):
+                continue
+        if key == "shm_size" and encoded == "0":
+            continue
+        out[key] = encoded
+    for key in _ALWAYS:
+        out.setdefault(key, None)
+    return out
+
+
+def encode_project(model: Dict[str, Any]) -> Dict[str, Any]:
+    """The whole project as `docker compose config --format json` prints it."""
+    out = {k: v for k, v in model.items() if k != "services"}
+    out["services"] = {name: encode_service(name, svc) for name, svc in sorted(model.get("services", {}).items())}
+    return out

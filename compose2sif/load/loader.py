@@ -1,0 +1,662 @@
+"""Load a compose project exactly as Docker Compose does.
+
+The stages, in compose-go's order, for each YAML document of each ``-f`` file:
+
+1. parse YAML (:mod:`yaml_source`), take out ``!reset``/``!override`` markers;
+2. interpolate variables, casting typed values (:mod:`interpolate`);
+3. ``include``: load each included project on its own and import its resources;
+4. ``extends``: merge each service onto the service it extends;
+5. merge onto the files before it (:mod:`merge`), then validate keys;
+6. short syntax to long syntax (:mod:`canonical`).
+
+Then, for the whole project: defaults, relative paths made absolute, environment resolved,
+profiles applied, consistency checked (undefined services, volumes, cycles), env_file merged.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from compose2sif.errors import ComposeError
+from compose2sif.load import dotenv
+from compose2sif.load.canonical import canonical, set_defaults
+from compose2sif.load.interpolate import interpolate_tree
+from compose2sif.load.merge import apply_resets, collect_resets, enforce_unicity, merge, merge_mappings
+from compose2sif.load.yaml_source import Document, is_timestamp, load_documents
+from compose2sif.support import SERVICE_KEYS, TOP_LEVEL_KEYS
+
+DEFAULT_FILES = ("compose.yaml", "compose.yml", "docker-compose.yml", "docker-compose.yaml")
+OVERRIDE_FILES = ("compose.override.yml", "compose.override.yaml",
+                  "docker-compose.override.yml", "docker-compose.override.yaml")
+RESOURCE_KINDS = ("services", "volumes", "networks", "secrets", "configs", "models")
+
+
+@dataclass
+class ProjectOptions:
+    """What the user said on the command line (docker compose's global options)."""
+    files: List[str] = field(default_factory=list)
+    project_name: Optional[str] = None
+    project_directory: Optional[str] = None
+    profiles: List[str] = field(default_factory=list)
+    env_files: List[str] = field(default_factory=list)
+    environ: Optional[Dict[str, str]] = None  # defaults to os.environ
+    cwd: Optional[str] = None                 # defaults to os.getcwd()
+
+
+@dataclass
+class Project:
+    """The loaded project: plain compose data in long syntax, as Compose itself holds it."""
+    name: str
+    working_dir: str
+    files: List[str]
+    environment: Dict[str, str]               # interpolation environment (host + .env)
+    model: Dict[str, Any]                     # top-level keys, services = active ones only
+    disabled: Dict[str, Dict[str, Any]]       # services switched off by profiles
+    profiles: List[str]
+    warnings: List[str] = field(default_factory=list)
+    origins: Dict[str, Tuple[str, Optional[int]]] = field(default_factory=dict)  # service -> (file, line)
+
+    @property
+    def services(self) -> Dict[str, Dict[str, Any]]:
+        return self.model.get("services") or {}
+
+    def locate(self, service: str) -> Tuple[Optional[str], Optional[int]]:
+        return self.origins.get(service, (None, None))
+
+
+class _Context:
+    """State shared by one load: where each service was defined, and the documents read."""
+
+    def __init__(self) -> None:
+        self.origins: Dict[str, Tuple[str, Optional[int]]] = {}
+        self.warnings: List[str] = []
+
+    def error_in(self, exc: ComposeError, doc: Optional[Document]) -> ComposeError:
+        if exc.file is None and doc is not None:
+            parts = tuple(p for p in (exc.path or "").split(".") if p)
+            exc.file, exc.line = doc.filename, doc.line_of(*parts) if parts else None
+        return exc
+
+
+# ---- options → files, environment, name ------------------------------------------------------
+
+def _abs(path: str, base: str) -> str:
+    path = os.path.expanduser(path)
+    return os.path.normpath(path if os.path.isabs(path) else os.path.join(base, path))
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        raise ComposeError("no such file") .located(path) from None
+    except IsADirectoryError:
+        raise ComposeError("is a directory, not a file").located(path) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ComposeError(f"cannot read: {exc}").located(path) from None
+
+
+def read_env_files(paths: List[str], current: Dict[str, str]) -> Dict[str, str]:
+    """Dotenv files in order; a value may use variables of ``current`` and of earlier lines."""
+    values: Dict[str, str] = {}
+    for path in paths:
+        if not os.path.exists(path):
+            raise ComposeError("couldn't find env file").located(path)
+        if os.path.isdir(path):
+            raise ComposeError("is a directory, not an env file").located(path)
+        try:
+            dotenv.parse(_read(path), lambda k: current.get(k, values.get(k)), into=values)
+        except dotenv.DotenvError as exc:
+            raise ComposeError(f"invalid env file: {exc}").located(path) from None
+    return {k: v for k, v in values.items() if not k[:1].isdigit()}
+
+
+def _discover(start: str) -> List[str]:
+    directory = start
+    while True:
+        found = [os.path.join(directory, n) for n in DEFAULT_FILES if os.path.isfile(os.path.join(directory, n))]
+        if found:
+            overrides = [os.path.join(directory, n) for n in OVERRIDE_FILES
+                         if os.path.isfile(os.path.join(directory, n))]
+            return found[:1] + overrides[:1]
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            raise ComposeError(f"no configuration file provided: not found in {start} or its parents "
+                               f"(looked for {', '.join(DEFAULT_FILES)})")
+        directory = parent
+
+
+def normalize_project_name(name: str) -> str:
+    kept = "".join(ch for ch in name.lower() if ch in "abcdefghijklmnopqrstuvwxyz0123456789_-")
+    return kept.lstrip("_-")
+
+
+def _name_from_files(files: List[str], lookup) -> str:
+    name = ""
+    for path in files:
+        for doc in load_documents(path, _read(path)):
+            value = doc.data.get("name")
+            if isinstance(value, str) and value:
+                name = value
+    if name:
+        name = interpolate_tree({"name": name}, lookup)["name"]
+    return normalize_project_name(name)
+
+
+# ---- per-file pipeline -----------------------------------------------------------------------
+
+def _validate_document(model: Dict[str, Any], doc: Document) -> None:
+    for key in model:
+        if key not in TOP_LEVEL_KEYS and not key.startswith("x-"):
+            raise ComposeError(f"additional property {key!r} is not allowed at the top level",
+                               file=doc.filename, line=doc.line_of(key))
+    services = model.get("services")
+    if services is None:
+        return
+    if not isinstance(services, dict):
+        raise ComposeError("services must be a mapping", path="services")
+    for name, service in services.items():
+        if service is None:
+            continue
+        if not isinstance(service, dict):
+            raise ComposeError("a service must be a mapping", path=f"services.{name}")
+        for key, value in service.items():
+            if key not in SERVICE_KEYS and not str(key).startswith("x-"):
+                raise ComposeError(f"additional property {key!r} is not allowed", path=f"services.{name}.{key}")
+            _reject_timestamps(value, f"services.{name}.{key}")
+    for kind in ("networks", "volumes", "secrets", "configs"):
+        section = model.get(kind)
+        if section is not None and not isinstance(section, dict):
+            raise ComposeError(f"{kind} must be a mapping", path=kind)
+
+
+def _reject_timestamps(value: Any, path: str) -> None:
+    if is_timestamp(value):
+        raise ComposeError(f"a date is not a valid value here ({value}); quote it", path=path)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _reject_timestamps(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _reject_timestamps(v, f"{path}[{i}]")
+
+
+class _Loader:
+    def __init__(self, ctx: _Context, environment: Dict[str, str], working_dir: str,
+                 included: Tuple[str, ...] = ()):
+        self.ctx = ctx
+        self.environment = environment
+        self.working_dir = working_dir
+        self.included = included
+
+    def lookup(self, name: str) -> Optional[str]:
+        return self.environment.get(name)
+
+    def load_model(self, files: List[str], resolve_paths: bool = True) -> Dict[str, Any]:
+        model: Dict[str, Any] = {}
+        for path in files:
+            for doc in load_documents(path, _read(path)):
+                try:
+                    model = self._load_document(doc, model)
+                except ComposeError as exc:
+                    raise self.ctx.error_in(exc, doc) from None
+        set_defaults(model)
+        if resolve_paths:
+            _resolve_paths(model, self.working_dir)
+        _resolve_list_environment(model, self.environment)
+        return model
+
+    def _load_document(self, doc: Document, model: Dict[str, Any]) -> Dict[str, Any]:
+        data, reset_paths = collect_resets(doc.data)
+        data = interpolate_tree(data, self.lookup)
+        if "include" in data:
+            self._apply_include(data, doc)
+        apply_resets(model, reset_paths)
+        self._apply_extends(data, doc, reset_paths)
+        for name in (data.get("services") or {}) if isinstance(data.get("services"), dict) else ():
+            self.ctx.origins.setdefault(name, (doc.filename, doc.line_of("services", name)))
+        model = merge_mappings(model, data, ())
+        model = enforce_unicity(model)
+        _validate_document(model, doc)
+        if "version" in model:
+            self.ctx.warnings.append(f"{doc.filename}: the attribute `version` is obsolete, it will be ignored")
+            del model["version"]
+        model = canonical(model)
+        return enforce_unicity(model)
+
+    # -- include --------------------------------------------------------------------------------
+
+    def _apply_include(self, data: Dict[str, Any], doc: Document) -> None:
+        entries = data.pop("include")
+        if not isinstance(entries, list):
+            raise ComposeError("`include` must be a list", path="include")
+        for entry in entries:
+            if isinstance(entry, str):
+                entry = {"path": entry}
+            if not isinstance(entry, dict) or "path" not in entry:
+                raise ComposeError("an include entry needs a path", path="include")
+            paths = entry["path"] if isinstance(entry["path"], list) else [entry["path"]]
+            paths = [_abs(str(p), self.working_dir) for p in paths]
+            project_dir = entry.get("project_directory")
+            project_dir = _abs(str(project_dir), self.working_dir) if project_dir else os.path.dirname(paths[0])
+            if paths[0] in self.included or paths[0] == doc.filename:
+                chain = " include ".join(list(self.included) + [doc.filename, paths[0]])
+                raise ComposeError(f"include cycle detected: {chain}", path="include")
+            env_files = entry.get("env_file")
+            if env_files is None:
+                default = os.path.join(project_dir, ".env")
+                env_paths = [default] if os.path.isfile(default) else []
+            else:
+                env_files = env_files if isinstance(env_files, list) else [env_files]
+                env_paths = [_abs(str(f), self.working_dir) for f in env_files if f != "/dev/null"]
+            from_files = read_env_files(env_paths, self.environment)
+            environment = dict(from_files)
+            environment.update(self.environment)  # the including project's values win
+            sub = _Loader(self.ctx, environment, project_dir, self.included + (doc.filename,))
+            imported = sub.load_model(paths)
+            for kind in RESOURCE_KINDS:
+                source = imported.get(kind)
+                if not source:
+                    continue
+                target = data.setdefault(kind, {})
+                if target is None:
+                    target = data[kind] = {}
+                for name, resource in source.items():
+                    if name in target:
+                        target[name] = merge(resource, target[name], (kind, name))
+                    else:
+                        target[name] = resource
+
+    # -- extends --------------------------------------------------------------------------------
+
+    def _apply_extends(self, data: Dict[str, Any], doc: Document, reset_paths) -> None:
+        services = data.get("services")
+        if not isinstance(services, dict):
+            return
+        for name in list(services):
+            services[name] = self._extend(name, services, doc.filename, self.working_dir, reset_paths, ())
+
+    def _extend(self, name: str, services: Dict[str, Any], filename: str, working_dir: str,
+                reset_paths, chain: Tuple[Tuple[str, str], ...]) -> Any:
+        service = services.get(name)
+        if not isinstance(service, dict) or "extends" not in service:
+            return service
+        extends = service["extends"]
+        if isinstance(extends, str):
+            ref, other_file = extends, None
+        elif isinstance(extends, dict) and isinstance(extends.get("service"), str):
+            ref, other_file = extends["service"], extends.get("file")
+        else:
+            raise ComposeError("extends needs the name of a service", path=f"services.{name}.extends")
+        if (filename, name) in chain:
+            raise ComposeError(f"circular reference in extends of service {name!r}",
+                               path=f"services.{name}.extends")
+        chain = chain + ((filename, name),)
+        base_services, base_file, base_dir = services, filename, working_dir
+        if other_file is not None:
+            base_file = _abs(str(other_file), working_dir)
+            base_dir = os.path.dirname(base_file)
+            base_model: Dict[str, Any] = {}
+            for other in load_documents(base_file, _read(base_file)):
+                other_data, _ = collect_resets(other.data)
+                base_model = merge_mappings(base_model, interpolate_tree(other_data, self.lookup), ())
+            base_services = base_model.get("services")
+            if not isinstance(base_services, dict):
+                raise ComposeError(f"cannot extend service {name!r}: {base_file} has no services section",
+                                   path=f"services.{name}.extends")
+            if ref not in base_services:
+                raise ComposeError(f"cannot extend service {name!r}: service {ref!r} not found in {base_file}",
+                                   path=f"services.{name}.extends")
+            _resolve_paths(base_model, base_dir)
+        elif ref not in services:
+            raise ComposeError(f"cannot extend service {name!r}: service {ref!r} not found",
+                               path=f"services.{name}.extends")
+        base = self._extend(ref, base_services, base_file, base_dir, reset_paths, chain)
+        if base is None:
+            return service
+        source = _clone(base)
+        apply_resets({"services": {name: source}}, reset_paths)
+        merged = merge(source, service, ("services", "x"))
+        merged.pop("extends", None)
+        services[name] = merged
+        return merged
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clone(v) for v in value]
+    return value
+
+
+# ---- project-wide passes --------------------------------------------------------------------
+
+def _abs_path(value: Any, base: str) -> Any:
+    if not isinstance(value, str) or value == "":
+        return value
+    value = os.path.expanduser(value) if value.startswith("~") else value
+    return value if os.path.isabs(value) else os.path.normpath(os.path.join(base, value))
+
+
+def _is_remote_context(value: str) -> bool:
+    return ("://" in value or value.startswith("service:") or
+            value.startswith(("https://", "http://", "git://", "ssh://", "github.com/", "git@")))
+
+
+def _resolve_paths(model: Dict[str, Any], base: str) -> None:
+    for service in (model.get("services") or {}).values():
+        if not isinstance(service, dict):
+            continue
+        build = service.get("build")
+        if isinstance(build, dict):
+            ctx = build.get("context")
+            if isinstance(ctx, str) and not _is_remote_context(ctx):
+                build["context"] = _abs_path(ctx, base)
+            extra = build.get("additional_contexts")
+            if isinstance(extra, dict):
+                for key, value in extra.items():
+                    if isinstance(value, str) and not _is_remote_context(value):
+                        extra[key] = _abs_path(value, base)
+        for env_file in service.get("env_file") or []:
+            if isinstance(env_file, dict):
+                env_file["path"] = _abs_path(env_file.get("path"), base)
+        if isinstance(service.get("label_file"), list):
+            service["label_file"] = [_abs_path(p, base) for p in service["label_file"]]
+        extends = service.get("extends")
+        if isinstance(extends, dict) and isinstance(extends.get("file"), str):
+            extends["file"] = _abs_path(extends["file"], base)
+        for volume in service.get("volumes") or []:
+            if isinstance(volume, dict) and volume.get("type") == "bind":
+                if "source" not in volume:
+                    raise ComposeError('invalid mount config for type "bind": field source must not be empty',
+                                       path="services.volumes")
+                volume["source"] = _abs_path(volume["source"], base)
+    for kind in ("configs", "secrets"):
+        for resource in (model.get(kind) or {}).values():
+            if isinstance(resource, dict) and isinstance(resource.get("file"), str):
+                resource["file"] = _abs_path(resource["file"], base)
+    for volume in (model.get("volumes") or {}).values():
+        if isinstance(volume, dict) and volume.get("driver") == "local":
+            opts = volume.get("driver_opts")
+            if isinstance(opts, dict) and opts.get("o") == "bind" and "device" in opts:
+                opts["device"] = _abs_path(opts["device"], base)
+
+
+def _resolve_list_environment(model: Dict[str, Any], environment: Dict[str, str]) -> None:
+    for service in (model.get("services") or {}).values():
+        if isinstance(service, dict) and isinstance(service.get("environment"), list):
+            service["environment"] = [
+                (f"{item}={environment[item]}" if isinstance(item, str) and item in environment else item)
+                for item in service["environment"]]
+
+
+def _environment_mapping(value: Any, path: str) -> Dict[str, Optional[str]]:
+    """A service's environment (list or mapping) as a mapping; None marks a name without value."""
+    from compose2sif.units import go_str
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return {str(k): (None if v is None else v if isinstance(v, str) else go_str(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        out: Dict[str, Optional[str]] = {}
+        for item in value:
+            key, sep, val = go_str(item).partition("=")
+            if key and key[-1].isspace():
+                raise ComposeError(f"environment variable {key!r} is declared with a trailing space", path=path)
+            out[key] = val if sep else None
+        return out
+    raise ComposeError("environment must be a list or a mapping", path=path)
+
+
+def _normalize(model: Dict[str, Any], name: str, environment: Dict[str, str]) -> None:
+    services = model.get("services") or {}
+    uses_default = False
+    for service in services.values():
+        if "provider" in service or "network_mode" in service:
+            continue
+        networks = service.get("networks")
+        if not networks:
+            service["networks"] = {"default": None}
+            uses_default = True
+        elif "default" in networks:
+            uses_default = True
+    if uses_default:
+        networks = model.get("networks") or {}
+        networks.setdefault("default", None)
+        model["networks"] = networks
+    for sname, service in services.items():
+        build = service.get("build")
+        if isinstance(build, dict):
+            if build.get("context") is None:
+                build["context"] = "."
+            if build.get("dockerfile") is None and build.get("dockerfile_inline") is None:
+                build["dockerfile"] = "Dockerfile"
+        env = _environment_mapping(service.get("environment"), f"services.{sname}.environment")
+        if "environment" in service:
+            service["environment"] = {k: (v if v is not None else environment.get(k)) for k, v in env.items()}
+        depends_on = service.get("depends_on") or {}
+        for link in service.get("links") or []:
+            target = str(link).split(":")[0] if len(str(link).split(":")) == 2 else str(link)
+            depends_on.setdefault(target, {"condition": "service_started", "restart": True, "required": True})
+        for namespace in ("network_mode", "ipc", "pid", "uts", "cgroup"):
+            ref = service.get(namespace)
+            if isinstance(ref, str) and ref.startswith("service:"):
+                depends_on.setdefault(ref[len("service:"):],
+                                      {"condition": "service_started", "restart": True, "required": True})
+        for volume in service.get("volumes") or []:
+            if isinstance(volume, dict) and isinstance(volume.get("target"), str) and volume["target"]:
+                volume["target"] = posixpath.normpath(volume["target"])
+        for source in service.get("volumes_from") or []:
+            if not str(source).startswith("container:"):
+                depends_on.setdefault(str(source).split(":")[0],
+                                      {"condition": "service_started", "restart": False, "required": True})
+        if depends_on:
+            service["depends_on"] = depends_on
+    for kind in ("networks", "volumes", "configs", "secrets"):
+        section = model.get(kind)
+        if not isinstance(section, dict):
+            continue
+        for key, resource in section.items():
+            resource = resource if isinstance(resource, dict) else {}
+            if resource.get("name") is None:
+                external = str(resource.get("external", "")).lower() in ("true", "1", "t")
+                resource["name"] = key if external else f"{name}_{key}"
+            section[key] = resource
+
+
+def _has_profile(service: Dict[str, Any], profiles: List[str]) -> bool:
+    own = service.get("profiles") or []
+    return not own or "*" in profiles or any(p in own for p in profiles)
+
+
+def _check_consistency(model: Dict[str, Any], disabled: Dict[str, Any]) -> None:
+    services = model.get("services") or {}
+    for name, service in services.items():
+        where = f"services.{name}"
+        if not service.get("image") and "build" not in service and "provider" not in service:
+            raise ComposeError("has neither an image nor a build context specified", path=where)
+        if service.get("network_mode") and "networks" in service:
+            raise ComposeError("declares mutually exclusive `network_mode` and `networks`", path=where)
+        for network in service.get("networks") or {}:
+            if network not in (model.get("networks") or {}):
+                raise ComposeError(f"refers to undefined network {network!r}", path=f"{where}.networks")
+        test = (service.get("healthcheck") or {}).get("test")
+        if isinstance(test, list) and test and test[0] not in ("CMD", "CMD-SHELL", "NONE"):
+            raise ComposeError('healthcheck.test must start with "CMD", "CMD-SHELL" or "NONE"',
+                               path=f"{where}.healthcheck.test")
+        for dep, cfg in (service.get("depends_on") or {}).items():
+            if dep in services:
+                continue
+            if dep in disabled and not cfg.get("required", True):
+                continue
+            state = "is disabled by profiles" if dep in disabled else "is not defined"
+            raise ComposeError(f"depends on service {dep!r}, which {state}", path=f"{where}.depends_on")
+        for volume in service.get("volumes") or []:
+            if volume.get("type") == "volume" and volume.get("source"):
+                if volume["source"] not in (model.get("volumes") or {}):
+                    raise ComposeError(f"refers to undefined volume {volume['source']!r}", path=f"{where}.volumes")
+        for kind in ("secrets", "configs"):
+            for ref in service.get(kind) or []:
+                source = ref.get("source") if isinstance(ref, dict) else ref
+                if source not in (model.get(kind) or {}):
+                    raise ComposeError(f"refers to undefined {kind[:-1]} {source!r}", path=f"{where}.{kind}")
+        mounts: Dict[str, str] = {}
+        for i, tmpfs in enumerate(_string_list(service.get("tmpfs"))):
+            target = tmpfs.split(":")[0]
+            if target in mounts:
+                raise ComposeError(f"target {target} already mounted as {mounts[target]}", path=f"{where}.tmpfs")
+            mounts[target] = f"{where}.tmpfs[{i}]"
+        for i, volume in enumerate(service.get("volumes") or []):
+            target = volume.get("target")
+            if target in mounts:
+                raise ComposeError(f"target {target} already mounted as {mounts[target]}", path=f"{where}.volumes")
+            mounts[target] = f"{where}.volumes[{i}]"
+    _check_cycles(services)
+
+
+def _string_list(value: Any) -> List[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def _check_cycles(services: Dict[str, Any]) -> None:
+    state: Dict[str, int] = {}
+
+    def visit(name: str, stack: List[str]) -> None:
+        state[name] = 1
+        for dep in (services[name].get("depends_on") or {}):
+            if dep not in services:
+                continue
+            if state.get(dep) == 1:
+                cycle = stack[stack.index(dep):] + [dep] if dep in stack else [name, dep]
+                raise ComposeError("dependency cycle detected: " + " -> ".join(cycle),
+                                   path=f"services.{name}.depends_on")
+            if state.get(dep) is None:
+                visit(dep, stack + [dep])
+        state[name] = 2
+
+    for name in services:
+        if name not in state:
+            visit(name, [name])
+
+
+def _merge_env_files(service: Dict[str, Any], environment: Dict[str, str], path: str) -> None:
+    env_files = service.pop("env_file", None) or []
+    if not env_files:
+        return
+    own = service.get("environment") or {}
+    values: Dict[str, str] = {}
+
+    def lookup(key: str) -> Optional[str]:
+        if key in environment:
+            return environment[key]
+        return own.get(key)
+
+    for env_file in env_files:
+        file_path = env_file.get("path")
+        if not os.path.exists(file_path):
+            if env_file.get("required", True):
+                raise ComposeError(f"env file {file_path} not found", path=f"{path}.env_file")
+            continue
+        try:
+            dotenv.parse(_read(file_path), lambda k: lookup(k) if lookup(k) is not None else values.get(k),
+                         into=values)
+        except dotenv.DotenvError as exc:
+            raise ComposeError(f"invalid env file {file_path}: {exc}", path=f"{path}.env_file") from None
+    merged: Dict[str, Optional[str]] = dict(values)
+    merged.update(own)
+    service["environment"] = merged
+
+
+# ---- entry point ------------------------------------------------------------------------------
+
+def load_project(options: ProjectOptions) -> Project:
+    environ = dict(os.environ if options.environ is None else options.environ)
+    cwd = options.cwd or os.getcwd()
+    project_dir = _abs(options.project_directory, cwd) if options.project_directory else None
+
+    files = [_abs(f, cwd) if f != "-" else f for f in options.files]
+    if "-" in files:
+        raise ComposeError("reading a compose file from standard input is not supported; pass a path")
+    default_dir = project_dir or (os.path.dirname(files[0]) if files else cwd)
+
+    if options.env_files:
+        env_paths = [_abs(f, cwd) for f in options.env_files]
+    elif str(environ.get("COMPOSE_DISABLE_ENV_FILE", "")).lower() in ("1", "true"):
+        env_paths = []
+    else:
+        default_env = os.path.join(default_dir, ".env")
+        env_paths = [default_env] if os.path.isfile(default_env) else []
+    environment = dict(read_env_files(env_paths, environ))
+    environment.update(environ)  # the host environment wins over .env
+
+    if not files and environment.get("COMPOSE_FILE"):
+        separator = environment.get("COMPOSE_PATH_SEPARATOR") or os.pathsep
+        files = [_abs(f, cwd) for f in environment["COMPOSE_FILE"].split(separator) if f]
+    if not files:
+        files = _discover(default_dir)
+    working_dir = project_dir or os.path.dirname(files[0])
+
+    if options.project_name:
+        name = options.project_name
+        if normalize_project_name(name) != name:
+            raise ComposeError(f"invalid project name {name!r}: must contain only lowercase letters, "
+                               "digits, dashes and underscores, and start with a letter or digit")
+    elif environment.get("COMPOSE_PROJECT_NAME"):
+        name = environment["COMPOSE_PROJECT_NAME"]
+    else:
+        name = _name_from_files(files, environment.get) or normalize_project_name(os.path.basename(working_dir))
+    if not name:
+        raise ComposeError("project name must not be empty; use -p or a `name:` key")
+    environment["COMPOSE_PROJECT_NAME"] = name
+
+    profiles = list(options.profiles) or [p.strip() for p in environment.get("COMPOSE_PROFILES", "").split(",")]
+    profiles = [p for p in profiles if p]
+
+    ctx = _Context()
+    model = _Loader(ctx, environment, working_dir).load_model(files)
+    if not model:
+        raise ComposeError("empty compose file").located(files[0])
+    model.pop("include", None)
+    model["name"] = name
+    services = model.get("services") or {}
+    for sname, service in list(services.items()):
+        if service is None:
+            services[sname] = {}
+    try:
+        _normalize(model, name, environment)
+    except ComposeError as exc:
+        raise _locate(exc, ctx) from None
+
+    active = {n: s for n, s in services.items() if _has_profile(s, profiles)}
+    disabled = {n: s for n, s in services.items() if n not in active}
+    model["services"] = active
+    try:
+        _check_consistency(model, disabled)
+        for sname, service in active.items():
+            _merge_env_files(service, environment, f"services.{sname}")
+    except ComposeError as exc:
+        raise _locate(exc, ctx) from None
+
+    for sname, service in active.items():
+        for key in service:
+            entry = SERVICE_KEYS.get(key)
+            if entry is not None and entry.status == "unsupported":
+                ctx.warnings.append(f"service {sname!r}: `{key}` is not supported under Apptainer: {entry.note}")
+
+    return Project(name=name, working_dir=working_dir, files=files, environment=environment, model=model,
+                   disabled=disabled, profiles=profiles, warnings=ctx.warnings, origins=ctx.origins)
+
+
+def _locate(exc: ComposeError, ctx: _Context) -> ComposeError:
+    """Point a project-wide error at the file and line where its service was defined."""
+    if exc.file is None and exc.path and exc.path.startswith("services."):
+        service = exc.path.split(".")[1]
+        if service in ctx.origins:
+            exc.file, exc.line = ctx.origins[service]
+    return exc

@@ -1,0 +1,260 @@
+"""Read compose YAML the way Docker Compose's Go YAML library does.
+
+PyYAML implements YAML 1.1, where ``22:22`` is the number 1342 and ``yes`` is true. Compose reads
+YAML 1.2-style: only true/false are booleans, ``22:22`` stays a string, ``010`` is octal, dates are
+timestamps. We keep PyYAML's parser (anchors, aliases, ``<<`` merge keys) and resolve plain
+scalars with Compose's rules. The ``!reset`` and ``!override`` tags become markers for the merge
+stage, and each document keeps the line of every key so errors can point into the file.
+"""
+from __future__ import annotations
+
+import datetime
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple
+
+import yaml
+
+from compose2sif.errors import ComposeError
+
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class Reset:
+    """A value tagged ``!reset``: removes what earlier files set at this path."""
+
+    def __repr__(self) -> str:
+        return "!reset"
+
+
+@dataclass
+class Override:
+    """A value tagged ``!override``: replaces, instead of merging with, what earlier files set."""
+    value: Any
+
+
+class Timestamp(str):
+    """A plain scalar that Compose's YAML reader turns into a time value (invalid almost everywhere)."""
+
+
+_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
+_TIMESTAMP = re.compile(r"^[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}"
+                        r"(?:(?:[Tt]|[ \t]+)[0-9]{1,2}:[0-9]{1,2}:[0-9]{1,2}(?:\.[0-9]*)?"
+                        r"(?:[ \t]*(?:Z|[-+][0-9]{1,2}(?::[0-9]{2})?))?)?$")
+_NULLS = {"", "~", "null", "Null", "NULL"}
+_BOOLS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
+_SPECIAL_FLOATS = {".inf": float("inf"), ".Inf": float("inf"), ".INF": float("inf"),
+                   "+.inf": float("inf"), "+.Inf": float("inf"), "+.INF": float("inf"),
+                   "-.inf": float("-inf"), "-.Inf": float("-inf"), "-.INF": float("-inf"),
+                   ".nan": float("nan"), ".NaN": float("nan"), ".NAN": float("nan")}
+
+
+def _go_parse_int(text: str):
+    """strconv.ParseInt(text, 0, 64): decimal, 0x, 0o, 0b and a leading 0 for octal."""
+    sign = 1
+    body = text
+    if body[:1] in "+-":
+        sign = -1 if body[0] == "-" else 1
+        body = body[1:]
+    if not body:
+        return None
+    lower = body.lower()
+    try:
+        if lower.startswith("0x"):
+            return sign * int(body[2:], 16)
+        if lower.startswith("0o"):
+            return sign * int(body[2:], 8)
+        if lower.startswith("0b"):
+            return sign * int(body[2:], 2)
+        if body.startswith("0") and len(body) > 1:
+            return sign * int(body[1:], 8)
+        if body.isdigit():
+            return sign * int(body)
+    except ValueError:
+        return None
+    return None
+
+
+def resolve_plain_scalar(text: str) -> Any:
+    """The value Compose's YAML reader gives an unquoted scalar."""
+    if text in _NULLS:
+        return None
+    if text in _BOOLS:
+        return _BOOLS[text]
+    if text in _SPECIAL_FLOATS:
+        return _SPECIAL_FLOATS[text]
+    first = text[0]
+    if first.isdigit() or first in "+-.":
+        if _TIMESTAMP.match(text):
+            return Timestamp(text)
+        plain = text.replace("_", "")
+        number = _go_parse_int(plain)
+        if number is not None and -(1 << 63) <= number < (1 << 64):
+            return number
+        if _FLOAT.match(plain):
+            return float(plain)
+    return text
+
+
+class _ComposeLoader(_BaseLoader):
+    pass
+
+
+_ComposeLoader.yaml_implicit_resolvers = {}
+_ComposeLoader.add_implicit_resolver("tag:yaml.org,2002:merge", re.compile(r"^(?:<<)$"), ["<"])
+
+
+def _construct_str(loader, node):
+    if not node.style:  # plain (None in PyYAML's parser, '' in libyaml's)
+        return resolve_plain_scalar(node.value)
+    return node.value
+
+
+def _construct_mapping(loader, node):
+    loader.flatten_mapping(node)
+    seen: Dict[Any, int] = {}
+    mapping: Dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if isinstance(key, (dict, list)):
+            raise ComposeError("a mapping key must be a plain value", line=key_node.start_mark.line + 1)
+        if key in seen and not getattr(key_node, "_merged", False):
+            raise ComposeError(f"mapping key {key!r} already defined at line {seen[key]}",
+                               line=key_node.start_mark.line + 1)
+        seen[key] = key_node.start_mark.line + 1
+        mapping[key] = loader.construct_object(value_node, deep=True)
+    return mapping
+
+
+def _flatten_mapping(self, node):
+    """Like PyYAML's, but keys that come from a ``<<`` merge may be overridden without an error."""
+    merged_pairs = []
+    own_pairs = []
+    for key_node, value_node in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for source in sources:
+                if not isinstance(source, yaml.MappingNode):
+                    raise ComposeError("a '<<' merge key must name a mapping", line=source.start_mark.line + 1)
+                self.flatten_mapping(source)
+                for pair in source.value:
+                    merged_pairs.append(pair)
+        else:
+            own_pairs.append((key_node, value_node))
+    if merged_pairs:
+        own_keys = {k.value for k, _ in own_pairs if isinstance(k, yaml.ScalarNode)}
+        kept, taken = [], set()
+        # Go's YAML merge: explicit keys win, then the first merged mapping that sets a key.
+        for key_node, value_node in merged_pairs:
+            if key_node.value in own_keys or key_node.value in taken:
+                continue
+            taken.add(key_node.value)
+            marked = yaml.ScalarNode(key_node.tag, key_node.value, key_node.start_mark, key_node.end_mark,
+                                     style=key_node.style)
+            marked._merged = True
+            kept.append((marked, value_node))
+        node.value = kept + own_pairs
+
+
+_ComposeLoader.flatten_mapping = _flatten_mapping
+
+
+def _construct_tagged(kind):
+    def construct(loader, node):
+        if isinstance(node, yaml.MappingNode):
+            value = _construct_mapping(loader, node)
+        elif isinstance(node, yaml.SequenceNode):
+            value = [loader.construct_object(child, deep=True) for child in node.value]
+        else:
+            value = _construct_str(loader, node)
+        return Reset() if kind == "reset" else Override(value)
+    return construct
+
+
+def _construct_timestamp(loader, node):
+    return Timestamp(node.value)
+
+
+_ComposeLoader.add_constructor("tag:yaml.org,2002:str", _construct_str)
+_ComposeLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
+_ComposeLoader.add_constructor("tag:yaml.org,2002:timestamp", _construct_timestamp)
+_ComposeLoader.add_constructor("!reset", _construct_tagged("reset"))
+_ComposeLoader.add_constructor("!override", _construct_tagged("override"))
+
+
+def _unshare(value):
+    """Copy a tree so aliased nodes become independent values (as Go's decoder makes them)."""
+    if isinstance(value, dict):
+        return {k: _unshare(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unshare(v) for v in value]
+    if isinstance(value, Override):
+        return Override(_unshare(value.value))
+    return value
+
+
+Path = Tuple[str, ...]
+
+
+def _record_lines(node, path: Path, lines: Dict[Path, int], depth: int) -> None:
+    if depth == 0 or not isinstance(node, yaml.MappingNode):
+        return
+    for key_node, value_node in node.value:
+        if isinstance(key_node, yaml.ScalarNode):
+            sub = path + (key_node.value,)
+            lines.setdefault(sub, key_node.start_mark.line + 1)
+            _record_lines(value_node, sub, lines, depth - 1)
+
+
+@dataclass
+class Document:
+    """One YAML document of a compose file, with the line where each key (4 levels deep) starts."""
+    filename: str
+    data: Dict[str, Any]
+    lines: Dict[Path, int] = field(default_factory=dict)
+
+    def line_of(self, *path: str):
+        while path:
+            if path in self.lines:
+                return self.lines[path]
+            path = path[:-1]
+        return None
+
+
+def load_documents(filename: str, text: str) -> List[Document]:
+    """Parse every YAML document in a compose file. Raises ComposeError with the file and line."""
+    loader = _ComposeLoader(text)
+    documents = []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            lines: Dict[Path, int] = {}
+            _record_lines(node, (), lines, 4)
+            data = loader.construct_document(node)
+            if data is None:
+                continue
+            if not isinstance(data, dict):
+                raise ComposeError("top-level object must be a mapping",
+                                   line=node.start_mark.line + 1)
+            for key in data:
+                if not isinstance(key, str):
+                    raise ComposeError(f"non-string key at top level: {key}", line=lines.get((str(key),)))
+            documents.append(Document(filename, _unshare(data), lines))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = " ".join(filter(None, [exc.context, exc.problem]))
+        raise ComposeError(f"invalid YAML: {problem}", file=filename,
+                           line=mark.line + 1 if mark else None) from None
+    except yaml.YAMLError as exc:
+        raise ComposeError(f"invalid YAML: {exc}", file=filename) from None
+    except ComposeError as exc:
+        raise exc.located(filename, exc.line) from None
+    finally:
+        loader.dispose()
+    return documents
+
+
+def is_timestamp(value: Any) -> bool:
+    return isinstance(value, (Timestamp, datetime.date))

@@ -1,0 +1,156 @@
+"""What compose2sif does with every service key of the Compose Specification.
+
+One table, three kinds of support:
+
+* handled     - does what Docker Compose does.
+* emulated    - the effect is reproduced with Apptainer's means (the note says how).
+* unsupported - cannot be honoured by a rootless Apptainer instance; the loader warns, naming the
+                service and the key, and the note says what happens instead.
+
+``docs/support.md`` is rendered from this table (``python -m compose2sif.support > docs/support.md``)
+and a test fails when the Compose Specification has a service key this table does not classify.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List
+
+HANDLED, EMULATED, UNSUPPORTED = "handled", "emulated", "unsupported"
+
+
+@dataclass(frozen=True)
+class KeySupport:
+    status: str
+    note: str
+
+
+def _h(note: str) -> KeySupport:
+    return KeySupport(HANDLED, note)
+
+
+def _e(note: str) -> KeySupport:
+    return KeySupport(EMULATED, note)
+
+
+def _u(note: str) -> KeySupport:
+    return KeySupport(UNSUPPORTED, note)
+
+
+_NO_CGROUPS = ("rootless Apptainer without cgroup v2 cannot limit resources; the key is ignored and "
+               "the batch scheduler's allocation is the limit")
+
+SERVICE_KEYS: Dict[str, KeySupport] = {
+    "annotations": _u("container annotations have no Apptainer equivalent; ignored"),
+    "attach": _h("log attachment; instance logs are always kept and shown by `logs`"),
+    "blkio_config": _u(_NO_CGROUPS),
+    "build": _h("converted to a Singularity definition file and built into a SIF"),
+    "cap_add": _u("an unprivileged instance cannot gain capabilities; ignored"),
+    "cap_drop": _u("instances already run with the caller's (unprivileged) capabilities; ignored"),
+    "cgroup": _u("no cgroup namespace control without root; ignored"),
+    "cgroup_parent": _u("no cgroup control without root; ignored"),
+    "command": _h("replaces the image's CMD in the generated start script"),
+    "configs": _e("the config file is bound read-only at its target"),
+    "container_name": _h("used as the instance name and as a host name for the other services"),
+    "cpu_count": _u(_NO_CGROUPS), "cpu_percent": _u(_NO_CGROUPS), "cpu_period": _u(_NO_CGROUPS),
+    "cpu_quota": _u(_NO_CGROUPS), "cpu_rt_period": _u(_NO_CGROUPS), "cpu_rt_runtime": _u(_NO_CGROUPS),
+    "cpu_shares": _u(_NO_CGROUPS), "cpus": _u(_NO_CGROUPS), "cpuset": _u(_NO_CGROUPS),
+    "credential_spec": _u("Windows-only; ignored"),
+    "depends_on": _h("start order and the service_started / service_healthy / "
+                     "service_completed_successfully conditions"),
+    "deploy": _e("GPU device reservations select GPUs; replicas above 1, placement and resource "
+                 "limits are ignored with a warning"),
+    "develop": _u("compose watch is a development feature; ignored"),
+    "device_cgroup_rules": _u("no device cgroup without root; ignored"),
+    "devices": _e("the device node is bound into the instance; access follows the caller's permissions"),
+    "dns": _u("instances share the host's network and resolver; ignored"),
+    "dns_opt": _u("instances share the host's network and resolver; ignored"),
+    "dns_search": _u("instances share the host's network and resolver; ignored"),
+    "domainname": _u("instances share the host's UTS namespace; ignored"),
+    "entrypoint": _h("replaces the image's ENTRYPOINT in the generated start script"),
+    "env_file": _h("read with Docker Compose's rules and merged into the environment"),
+    "environment": _h("written to a private env file passed with --env-file; instances use --cleanenv"),
+    "expose": _h("informational in Compose; recorded in the plan"),
+    "extends": _h("resolved at load time, from the same or another file"),
+    "external_links": _u("links to containers outside the project do not exist here; ignored"),
+    "extra_hosts": _h("added to the generated hosts file bound as /etc/hosts"),
+    "gpus": _e("--nv with CUDA_VISIBLE_DEVICES set to the assigned GPUs"),
+    "group_add": _u("an unprivileged instance cannot add groups; ignored"),
+    "healthcheck": _h("run with `exec instance://...` on the Compose schedule; gates depends_on"),
+    "hostname": _h("added to the hosts file; the host's UTS namespace is kept"),
+    "image": _h("built into a SIF with `Bootstrap: docker`"),
+    "init": _u("Apptainer instances already run a small init (shim) process; ignored"),
+    "ipc": _e("instances share the host's IPC namespace, which covers `host` and `shareable`"),
+    "isolation": _u("Windows-only; ignored"),
+    "label_file": _h("labels are recorded in the plan"),
+    "labels": _h("recorded in the plan; no runtime effect"),
+    "links": _e("service names resolve to 127.0.0.1 through the hosts file; adds a dependency"),
+    "logging": _e("instance stdout/stderr go to Apptainer's per-instance log files"),
+    "mac_address": _u("no network namespace of its own; ignored"),
+    "mem_limit": _u(_NO_CGROUPS), "mem_reservation": _u(_NO_CGROUPS),
+    "mem_swappiness": _u(_NO_CGROUPS), "memswap_limit": _u(_NO_CGROUPS),
+    "models": _u("Docker Model Runner is not available; ignored"),
+    "network_mode": _e("every instance uses the host network; names map to 127.0.0.1 in the hosts file"),
+    "networks": _e("no network isolation without root: all services share the host network; "
+                   "aliases become host names for 127.0.0.1"),
+    "oom_kill_disable": _u(_NO_CGROUPS), "oom_score_adj": _u("an unprivileged process can only raise it; ignored"),
+    "pid": _e("instances share the host PID namespace, which covers `host`"),
+    "pids_limit": _u(_NO_CGROUPS),
+    "platform": _u("images are built for the node's own architecture; ignored"),
+    "ports": _h("container ports are remapped to free unprivileged host ports where needed and the "
+                "services and their clients are told; published ports bind on the host"),
+    "post_start": _u("lifecycle hooks are not run; ignored"),
+    "pre_stop": _u("lifecycle hooks are not run; ignored"),
+    "privileged": _u("an unprivileged user cannot run privileged instances; ignored"),
+    "profiles": _h("services are enabled with --profile or COMPOSE_PROFILES"),
+    "provider": _u("provider services (external tools) are not run; ignored"),
+    "pull_policy": _h("`build` skips SIFs that exist; `always` rebuilds"),
+    "pull_refresh_after": _u("images are built once into SIFs; ignored"),
+    "read_only": _h("a SIF is read-only; writable paths get binds"),
+    "restart": _h("restart policies are honoured by the runner"),
+    "runtime": _e("`nvidia` means --nv; other runtimes are ignored with a warning"),
+    "scale": _u("one instance per service; values above 1 are ignored"),
+    "secrets": _e("the secret file is bound read-only at /run/secrets/<name> (or its target)"),
+    "security_opt": _u("seccomp/AppArmor/SELinux options cannot be set unprivileged; ignored"),
+    "shm_size": _e("instances use the host's /dev/shm; its size is the node's"),
+    "stdin_open": _u("instances run detached without a terminal; ignored"),
+    "stop_grace_period": _h("`down` waits this long before killing an instance"),
+    "stop_signal": _h("`down` sends this signal first"),
+    "storage_opt": _u("no storage driver; ignored"),
+    "sysctls": _u("an unprivileged user cannot set kernel parameters; ignored"),
+    "tmpfs": _e("a private scratch directory is bound at the path"),
+    "tty": _u("instances run detached without a terminal; ignored"),
+    "ulimits": _e("soft limits are set with `ulimit` in the start script, up to the caller's hard limits"),
+    "use_api_socket": _u("there is no Docker API socket; ignored"),
+    "user": _u("Apptainer runs everything as the calling user; ignored"),
+    "userns_mode": _u("Apptainer chooses the user namespace; ignored"),
+    "uts": _u("instances share the host's UTS namespace; ignored"),
+    "volumes": _h("bind mounts, named volumes (directories in the state dir) and tmpfs"),
+    "volumes_from": _e("the other service's volumes are bound too; adds a dependency"),
+    "working_dir": _h("passed to Apptainer with --pwd"),
+}
+
+TOP_LEVEL_KEYS = ("version", "name", "include", "services", "networks", "volumes", "secrets",
+                  "configs", "models")
+
+
+def unsupported_keys(service: dict) -> List[str]:
+    """The keys of one service that compose2sif cannot honour, in file order."""
+    return [k for k in service if k in SERVICE_KEYS and SERVICE_KEYS[k].status == UNSUPPORTED]
+
+
+def render_markdown() -> str:
+    lines = ["# Compose keys and what compose2sif does with them", "",
+             "Generated from `compose2sif/support.py` by `python -m compose2sif.support`; do not edit.", "",
+             "| key | support | what compose2sif does |", "| --- | --- | --- |"]
+    for key in sorted(SERVICE_KEYS):
+        entry = SERVICE_KEYS[key]
+        lines.append(f"| `{key}` | {entry.status} | {entry.note} |")
+    counts = {s: sum(1 for e in SERVICE_KEYS.values() if e.status == s) for s in (HANDLED, EMULATED, UNSUPPORTED)}
+    lines += ["", f"{counts[HANDLED]} handled, {counts[EMULATED]} emulated, {counts[UNSUPPORTED]} unsupported.",
+              "An unsupported key never disappears silently: `config` and `convert` print one warning naming "
+              "the service and the key.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(render_markdown(), end="")
