@@ -14,7 +14,7 @@ import yaml
 
 from compose2sif import __version__
 from compose2sif.errors import ComposeError
-from compose2sif.load import ProjectOptions, encode_project, load_project
+from compose2sif.load import ProjectOptions, load_project
 
 
 class _State:
@@ -64,7 +64,7 @@ def config(state: _State, fmt: str, list_services: bool, list_profiles: bool):
         for name in sorted(names):
             click.echo(name)
         return
-    document = encode_project(project.model)
+    document = project.config
     if fmt == "json":
         click.echo(json.dumps(document, indent=2, ensure_ascii=False))
     else:

@@ -22,10 +22,12 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from compose2sif.errors import ComposeError
 from compose2sif.load import dotenv
 from compose2sif.load.canonical import canonical, set_defaults
+from compose2sif.load.encode import encode_project
 from compose2sif.load.interpolate import interpolate_tree
 from compose2sif.load.merge import apply_resets, collect_resets, enforce_unicity, merge, merge_mappings
-from compose2sif.load.yaml_source import Document, is_timestamp, load_documents
-from compose2sif.support import SERVICE_KEYS, TOP_LEVEL_KEYS
+from compose2sif.load.validate import validate
+from compose2sif.load.yaml_source import Document, load_documents
+from compose2sif.support import SERVICE_KEYS
 
 DEFAULT_FILES = ("compose.yaml", "compose.yml", "docker-compose.yml", "docker-compose.yaml")
 OVERRIDE_FILES = ("compose.override.yml", "compose.override.yaml",
@@ -53,6 +55,7 @@ class Project:
     files: List[str]
     environment: Dict[str, str]               # interpolation environment (host + .env)
     model: Dict[str, Any]                     # top-level keys, services = active ones only
+    config: Dict[str, Any]                    # the model as `docker compose config` prints it
     disabled: Dict[str, Dict[str, Any]]       # services switched off by profiles
     profiles: List[str]
     warnings: List[str] = field(default_factory=list)
@@ -71,6 +74,7 @@ class _Context:
 
     def __init__(self) -> None:
         self.origins: Dict[str, Tuple[str, Optional[int]]] = {}
+        self.documents: Dict[str, Document] = {}  # service -> the document that last set it
         self.warnings: List[str] = []
 
     def error_in(self, exc: ComposeError, doc: Optional[Document]) -> ComposeError:
@@ -148,42 +152,6 @@ def _name_from_files(files: List[str], lookup) -> str:
 
 # ---- per-file pipeline -----------------------------------------------------------------------
 
-def _validate_document(model: Dict[str, Any], doc: Document) -> None:
-    for key in model:
-        if key not in TOP_LEVEL_KEYS and not key.startswith("x-"):
-            raise ComposeError(f"additional property {key!r} is not allowed at the top level",
-                               file=doc.filename, line=doc.line_of(key))
-    services = model.get("services")
-    if services is None:
-        return
-    if not isinstance(services, dict):
-        raise ComposeError("services must be a mapping", path="services")
-    for name, service in services.items():
-        if service is None:
-            continue
-        if not isinstance(service, dict):
-            raise ComposeError("a service must be a mapping", path=f"services.{name}")
-        for key, value in service.items():
-            if key not in SERVICE_KEYS and not str(key).startswith("x-"):
-                raise ComposeError(f"additional property {key!r} is not allowed", path=f"services.{name}.{key}")
-            _reject_timestamps(value, f"services.{name}.{key}")
-    for kind in ("networks", "volumes", "secrets", "configs"):
-        section = model.get(kind)
-        if section is not None and not isinstance(section, dict):
-            raise ComposeError(f"{kind} must be a mapping", path=kind)
-
-
-def _reject_timestamps(value: Any, path: str) -> None:
-    if is_timestamp(value):
-        raise ComposeError(f"a date is not a valid value here ({value}); quote it", path=path)
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _reject_timestamps(v, f"{path}.{k}")
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _reject_timestamps(v, f"{path}[{i}]")
-
-
 class _Loader:
     def __init__(self, ctx: _Context, environment: Dict[str, str], working_dir: str,
                  included: Tuple[str, ...] = ()):
@@ -218,9 +186,10 @@ class _Loader:
         self._apply_extends(data, doc, reset_paths)
         for name in (data.get("services") or {}) if isinstance(data.get("services"), dict) else ():
             self.ctx.origins.setdefault(name, (doc.filename, doc.line_of("services", name)))
+            self.ctx.documents[name] = doc
         model = merge_mappings(model, data, ())
         model = enforce_unicity(model)
-        _validate_document(model, doc)
+        validate(model, doc.filename, doc.line_of)
         if "version" in model:
             self.ctx.warnings.append(f"{doc.filename}: the attribute `version` is obsolete, it will be ignored")
             del model["version"]
@@ -265,10 +234,10 @@ class _Loader:
                 if target is None:
                     target = data[kind] = {}
                 for name, resource in source.items():
-                    if name in target:
-                        target[name] = merge(resource, target[name], (kind, name))
-                    else:
-                        target[name] = resource
+                    if name in target and target[name] != resource:
+                        raise ComposeError("conflicts with a resource of the same name in an included project "
+                                           f"({paths[0]})", path=f"{kind}.{name}")
+                    target[name] = resource
 
     # -- extends --------------------------------------------------------------------------------
 
@@ -303,6 +272,7 @@ class _Loader:
             for other in load_documents(base_file, _read(base_file)):
                 other_data, _ = collect_resets(other.data)
                 base_model = merge_mappings(base_model, interpolate_tree(other_data, self.lookup), ())
+            base_model = canonical(enforce_unicity(base_model))
             base_services = base_model.get("services")
             if not isinstance(base_services, dict):
                 raise ComposeError(f"cannot extend service {name!r}: {base_file} has no services section",
@@ -640,6 +610,7 @@ def load_project(options: ProjectOptions) -> Project:
         _check_consistency(model, disabled)
         for sname, service in active.items():
             _merge_env_files(service, environment, f"services.{sname}")
+        config = encode_project(model)  # also checks durations, sizes, counts
     except ComposeError as exc:
         raise _locate(exc, ctx) from None
 
@@ -650,13 +621,16 @@ def load_project(options: ProjectOptions) -> Project:
                 ctx.warnings.append(f"service {sname!r}: `{key}` is not supported under Apptainer: {entry.note}")
 
     return Project(name=name, working_dir=working_dir, files=files, environment=environment, model=model,
-                   disabled=disabled, profiles=profiles, warnings=ctx.warnings, origins=ctx.origins)
+                   config=config, disabled=disabled, profiles=profiles, warnings=ctx.warnings, origins=ctx.origins)
 
 
 def _locate(exc: ComposeError, ctx: _Context) -> ComposeError:
-    """Point a project-wide error at the file and line where its service was defined."""
+    """Point a project-wide error at the file and line of the key, or else of its service."""
     if exc.file is None and exc.path and exc.path.startswith("services."):
-        service = exc.path.split(".")[1]
-        if service in ctx.origins:
-            exc.file, exc.line = ctx.origins[service]
+        parts = tuple(p.split("[")[0] for p in exc.path.split("."))
+        doc = ctx.documents.get(parts[1])
+        if doc is not None and doc.line_of(*parts) is not None and doc.line_of(*parts[:3]) != doc.line_of(*parts[:2]):
+            exc.file, exc.line = doc.filename, doc.line_of(*parts)
+        elif parts[1] in ctx.origins:
+            exc.file, exc.line = ctx.origins[parts[1]]
     return exc
