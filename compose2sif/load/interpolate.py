@@ -65,18 +65,21 @@ def _apply(op: str, substitution: str, lookup: Lookup) -> Tuple[str, bool]:
     if op not in substitution:
         return "", False
     name, arg = substitution.split(op, 1)
+    # Docker Compose 2.40 interpolates the default/alternative/message before it looks at the
+    # variable, so an error inside an unused default still fails the load. We do the same.
+    arg = substitute(arg, lookup)
     value = lookup(name)
     if op in (":-", "-"):
         if value is None or (op == ":-" and value == ""):
-            return substitute(arg, lookup), True
+            return arg, True
         return value, True
     if op in (":+", "+"):
         if value is not None and (op == "+" or value != ""):
-            return substitute(arg, lookup), True
+            return arg, True
         return value or "", True
     # ":?" and "?"
     if value is None or (op == ":?" and value == ""):
-        raise MissingRequired(name, substitute(arg, lookup))
+        raise MissingRequired(name, arg)
     return value, True
 
 

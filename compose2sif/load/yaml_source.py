@@ -53,7 +53,7 @@ def _go_parse_int(text: str):
     """strconv.ParseInt(text, 0, 64): decimal, 0x, 0o, 0b and a leading 0 for octal."""
     sign = 1
     body = text
-    if body[:1] in "+-":
+    if body and body[0] in "+-":
         sign = -1 if body[0] == "-" else 1
         body = body[1:]
     if not body:

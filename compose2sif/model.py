@@ -1,0 +1,214 @@
+"""Stage 2: typed, normalised services, built from the loaded project.
+
+Everything here is already in long syntax and resolved: ports are single mappings with integer
+targets, mounts have absolute sources, durations are seconds, commands are argument lists, GPU
+requests are explicit. The planner works on these types and never looks at raw compose data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from compose2sif.load import Project
+from compose2sif.units import parse_bytes, parse_duration
+
+ALL = -1  # a GPU count of "all"
+
+
+@dataclass(frozen=True)
+class PortMapping:
+    target: int                      # the port the service listens on inside the container
+    published: Optional[str] = None  # "8080", a range "8000-8010", or None (not published)
+    host_ip: Optional[str] = None
+    protocol: str = "tcp"
+    name: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Mount:
+    type: str                        # bind | volume | tmpfs
+    target: str
+    source: Optional[str] = None     # absolute host path (bind), volume name (volume), None (tmpfs/anonymous)
+    read_only: bool = False
+    create_host_path: bool = True    # bind: create a missing source directory as Compose does
+    tmpfs_size: Optional[int] = None  # bytes
+    subpath: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Dependency:
+    service: str
+    condition: str = "service_started"  # service_started | service_healthy | service_completed_successfully
+    required: bool = True
+    restart: bool = False
+
+
+@dataclass(frozen=True)
+class Healthcheck:
+    test: Tuple[str, ...]            # ("CMD", ...), ("CMD-SHELL", "..."), or ("NONE",)
+    interval: float = 30.0           # seconds; Compose's defaults
+    timeout: float = 30.0
+    retries: int = 3
+    start_period: float = 0.0
+    start_interval: float = 5.0
+
+    @property
+    def disabled(self) -> bool:
+        return not self.test or self.test[0] == "NONE"
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    count: int = ALL                 # ALL, or a number of GPUs
+    device_ids: Tuple[str, ...] = ()
+    driver: Optional[str] = None
+    capabilities: Tuple[str, ...] = ()
+
+
+@dataclass
+class Service:
+    name: str
+    image: Optional[str]
+    build: Optional[Dict[str, Any]]
+    command: Optional[List[str]]     # None: the image's CMD
+    entrypoint: Optional[List[str]]  # None: the image's ENTRYPOINT
+    environment: Dict[str, Optional[str]]
+    ports: List[PortMapping]
+    mounts: List[Mount]
+    depends_on: List[Dependency]
+    healthcheck: Optional[Healthcheck]
+    working_dir: Optional[str]
+    user: Optional[str]
+    restart: str
+    gpus: List[GpuRequest]
+    container_name: Optional[str]
+    hostname: Optional[str]
+    aliases: List[str]               # network aliases: more names for 127.0.0.1
+    extra_hosts: List[str]
+    tmpfs: List[str]
+    ulimits: Dict[str, Tuple[int, int]]  # name -> (soft, hard)
+    shm_size: Optional[int]
+    runtime: Optional[str]
+    profiles: List[str]
+    extensions: Dict[str, Any] = field(default_factory=dict)  # x-* keys, e.g. x-compose2sif
+    raw: Dict[str, Any] = field(default_factory=dict)          # every key as loaded, for warnings
+
+    @property
+    def wants_gpu(self) -> bool:
+        return bool(self.gpus) or self.runtime == "nvidia"
+
+
+def _seconds(value: Optional[str], default: float) -> float:
+    return default if value is None else parse_duration(value) / 1e9
+
+
+def _healthcheck(config: Optional[Dict[str, Any]], image_default: Optional[Healthcheck] = None) -> Optional[Healthcheck]:
+    if config is None:
+        return None
+    if config.get("disable"):
+        return Healthcheck(test=("NONE",))
+    return Healthcheck(
+        test=tuple(config.get("test") or ()),
+        interval=_seconds(config.get("interval"), 30.0),
+        timeout=_seconds(config.get("timeout"), 30.0),
+        retries=int(config.get("retries", 3)),
+        start_period=_seconds(config.get("start_period"), 0.0),
+        start_interval=_seconds(config.get("start_interval"), 5.0),
+    )
+
+
+def _gpu(request: Dict[str, Any]) -> GpuRequest:
+    return GpuRequest(count=int(request.get("count", 0)) or (ALL if not request.get("device_ids") else 0),
+                      device_ids=tuple(request.get("device_ids") or ()), driver=request.get("driver"),
+                      capabilities=tuple(request.get("capabilities") or ()))
+
+
+def _gpu_requests(config: Dict[str, Any]) -> List[GpuRequest]:
+    requests = [_gpu(g) for g in config.get("gpus") or []]
+    devices = ((((config.get("deploy") or {}).get("resources") or {}).get("reservations") or {})
+               .get("devices") or [])
+    for device in devices:
+        if "gpu" in (device.get("capabilities") or []) or device.get("driver") == "nvidia":
+            requests.append(_gpu(device))
+    return requests
+
+
+def _mount(volume: Dict[str, Any]) -> Mount:
+    tmpfs = volume.get("tmpfs") or {}
+    return Mount(type=volume["type"], target=volume["target"], source=volume.get("source"),
+                 read_only=bool(volume.get("read_only")),
+                 create_host_path=bool((volume.get("bind") or {}).get("create_host_path", False)),
+                 tmpfs_size=int(tmpfs["size"]) if tmpfs.get("size") else None,
+                 subpath=(volume.get("volume") or {}).get("subpath"))
+
+
+def _ulimits(config: Dict[str, Any]) -> Dict[str, Tuple[int, int]]:
+    out = {}
+    for name, limit in (config.get("ulimits") or {}).items():
+        if isinstance(limit, dict):
+            out[name] = (int(limit.get("soft", 0)), int(limit.get("hard", limit.get("soft", 0))))
+        else:
+            out[name] = (int(limit), int(limit))
+    return out
+
+
+def _aliases(config: Dict[str, Any]) -> List[str]:
+    aliases: List[str] = []
+    for network in (config.get("networks") or {}).values():
+        for alias in (network or {}).get("aliases") or []:
+            if alias not in aliases:
+                aliases.append(alias)
+    return aliases
+
+
+def _extra_hosts(value: Any) -> List[str]:
+    if isinstance(value, dict):
+        return [f"{host}={ip}" for host, ip in value.items()]
+    return [str(v) for v in value or []]
+
+
+def build_service(name: str, config: Dict[str, Any]) -> Service:
+    """One service of ``Project.config`` (the encoded, long-syntax form) as a typed Service."""
+    return Service(
+        name=name,
+        image=config.get("image"),
+        build=config.get("build"),
+        command=config.get("command"),
+        entrypoint=config.get("entrypoint"),
+        environment=dict(config.get("environment") or {}),
+        ports=[PortMapping(target=p["target"], published=p.get("published"), host_ip=p.get("host_ip"),
+                           protocol=p.get("protocol", "tcp"), name=p.get("name"))
+               for p in config.get("ports") or []],
+        mounts=[_mount(v) for v in config.get("volumes") or []],
+        depends_on=[Dependency(service=dep, condition=d["condition"], required=d["required"],
+                               restart=bool(d.get("restart")))
+                    for dep, d in (config.get("depends_on") or {}).items()],
+        healthcheck=_healthcheck(config.get("healthcheck")),
+        working_dir=config.get("working_dir"),
+        user=config.get("user"),
+        restart=config.get("restart") or "no",
+        gpus=_gpu_requests(config),
+        container_name=config.get("container_name"),
+        hostname=config.get("hostname"),
+        aliases=_aliases(config),
+        extra_hosts=_extra_hosts(config.get("extra_hosts")),
+        tmpfs=[config["tmpfs"]] if isinstance(config.get("tmpfs"), str) else list(config.get("tmpfs") or []),
+        ulimits=_ulimits(config),
+        shm_size=parse_bytes(config["shm_size"]) if config.get("shm_size") else None,
+        runtime=config.get("runtime"),
+        profiles=list(config.get("profiles") or []),
+        extensions={k: v for k, v in config.items() if k.startswith("x-")},
+        raw=config,
+    )
+
+
+def services(project: Project) -> Dict[str, Service]:
+    """The active services, typed. A depends_on on a service that profiles disabled and that is
+    not required is dropped here (Compose keeps it in `config` output but never starts it)."""
+    active = project.config["services"]
+    out = {}
+    for name, config in active.items():
+        service = build_service(name, config)
+        service.depends_on = [d for d in service.depends_on if d.service in active]
+        out[name] = service
+    return out

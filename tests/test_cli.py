@@ -1,0 +1,70 @@
+"""The command line as a user meets it: global options, output formats, one-line errors."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = Path(__file__).parent / "corpus"
+STACKS = REPO / "stacks"
+
+
+def run(*args, cwd=REPO, env=None):
+    full_env = {"PATH": os.environ["PATH"], "HOME": "/tmp", "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "compose2sif", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True)
+
+
+def test_services_and_profiles_listing():
+    out = run("--profile", "gpu", "config", "--services", cwd=CORPUS / "profiles")
+    assert out.returncode == 0
+    assert sorted(out.stdout.split()) == ["app", "db", "gpu-worker"]
+    out = run("config", "--profiles", cwd=CORPUS / "profiles")
+    assert out.stdout.split() == ["all", "debug", "gpu", "tools"]
+
+
+def test_yaml_is_the_default_format_and_equals_json():
+    as_yaml = run("config", cwd=STACKS / "llm-chat")
+    as_json = run("config", "--format", "json", cwd=STACKS / "llm-chat")
+    assert as_yaml.returncode == 0 and as_json.returncode == 0
+    assert yaml.safe_load(as_yaml.stdout) == json.loads(as_json.stdout)
+
+
+def test_global_options(tmp_path):
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "main.yaml").write_text("services:\n  app:\n    image: app:${TAG}\n"
+                                                 "    volumes: [./data:/data]\n")
+    (tmp_path / "custom.env").write_text("TAG=from-custom-env\n")
+    out = run("-f", "proj/main.yaml", "--env-file", "custom.env", "-p", "demo",
+              "--project-directory", str(tmp_path), "config", "--format", "json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["name"] == "demo"
+    assert doc["services"]["app"]["image"] == "app:from-custom-env"
+    assert doc["services"]["app"]["volumes"][0]["source"] == str(tmp_path / "data")
+
+
+def test_compose_file_from_environment(tmp_path):
+    (tmp_path / "a.yaml").write_text("services:\n  a:\n    image: a\n")
+    (tmp_path / "b.yaml").write_text("services:\n  b:\n    image: b\n")
+    out = run("config", "--services", cwd=tmp_path, env={"COMPOSE_FILE": "a.yaml,b.yaml",
+                                                         "COMPOSE_PATH_SEPARATOR": ","})
+    assert sorted(out.stdout.split()) == ["a", "b"]
+
+
+def test_bad_input_is_one_line_and_nonzero(tmp_path):
+    (tmp_path / "compose.yaml").write_text("services:\n  app:\n    image: a\n    ports: ['80:80:80:80/tcp/x']\n")
+    out = run("config", cwd=tmp_path)
+    assert out.returncode == 1
+    assert out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert out.stderr.startswith(f"compose2sif: error: {tmp_path}/compose.yaml:4: services.app.ports")
+
+
+def test_no_compose_file_found(tmp_path):
+    out = run("config", cwd=tmp_path)
+    assert out.returncode == 1 and "no configuration file provided" in out.stderr
+    assert "Traceback" not in out.stderr
