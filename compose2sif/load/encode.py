@@ -294,6 +294,10 @@ def encode_service(name: str, service: Dict[str, Any]) -> Dict[str, Any]:
 
 def encode_project(model: Dict[str, Any]) -> Dict[str, Any]:
     """The whole project as `docker compose config --format json` prints it."""
-    out = {k: v for k, v in model.items() if k != "services"}
+    out: Dict[str, Any] = {"name": model.get("name")}
     out["services"] = {name: encode_service(name, svc) for name, svc in sorted(model.get("services", {}).items())}
+    for key in ("networks", "volumes", "secrets", "configs", "models"):
+        if model.get(key):
+            out[key] = model[key]
+    out.update((k, v) for k, v in model.items() if k not in out and k != "include")
     return out
