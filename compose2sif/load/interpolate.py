@@ -83,8 +83,9 @@ def _apply(op: str, substitution: str, lookup: Lookup) -> Tuple[str, bool]:
     return value, True
 
 
-def substitute(template: str, lookup: Lookup) -> str:
-    """Interpolate one string. Raises InvalidTemplate or MissingRequired."""
+def substitute(template: str, lookup: Lookup, unset: Optional[Callable[[str], None]] = None) -> str:
+    """Interpolate one string. Raises InvalidTemplate or MissingRequired. ``unset`` is told the
+    name of each variable that is used without a default and not set (Compose warns about those)."""
     if "$" not in template:
         return template
 
@@ -110,9 +111,13 @@ def substitute(template: str, lookup: Lookup) -> str:
         if braced:
             value, applied = _apply(op, name, lookup)
             if applied:
-                return value + substitute(rest, lookup)
+                return value + substitute(rest, lookup, unset)
         value = lookup(name)
-        return "" if value is None else value
+        if value is None:
+            if unset is not None:
+                unset(name)
+            return ""
+        return value
 
     return _PATTERN.sub(replace, template)
 
@@ -179,13 +184,14 @@ def dotted(path: Tuple[str, ...]) -> str:
     return ".".join(path).replace(".[]", "[]")
 
 
-def interpolate_tree(tree: Dict[str, Any], lookup: Lookup) -> Dict[str, Any]:
+def interpolate_tree(tree: Dict[str, Any], lookup: Lookup,
+                     unset: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Interpolate every string value (not keys) of a compose document, casting typed paths."""
 
     def walk(value: Any, path: Tuple[str, ...]) -> Any:
         if isinstance(value, str):
             try:
-                result = substitute(value, lookup)
+                result = substitute(value, lookup, unset)
             except InvalidTemplate:
                 raise ComposeError(f"invalid interpolation format {value!r}; "
                                    "you may need to escape any $ with another $", path=dotted(path)) from None

@@ -76,6 +76,12 @@ class _Context:
         self.origins: Dict[str, Tuple[str, Optional[int]]] = {}
         self.documents: Dict[str, Document] = {}  # service -> the document that last set it
         self.warnings: List[str] = []
+        self._unset: Set[str] = set()
+
+    def unset_variable(self, name: str) -> None:
+        if name not in self._unset:
+            self._unset.add(name)
+            self.warnings.append(f"the {name!r} variable is not set; using an empty string")
 
     def error_in(self, exc: ComposeError, doc: Optional[Document]) -> ComposeError:
         if exc.file is None and doc is not None:
@@ -179,7 +185,7 @@ class _Loader:
 
     def _load_document(self, doc: Document, model: Dict[str, Any]) -> Dict[str, Any]:
         data, reset_paths = collect_resets(doc.data)
-        data = interpolate_tree(data, self.lookup)
+        data = interpolate_tree(data, self.lookup, self.ctx.unset_variable)
         if "include" in data:
             self._apply_include(data, doc)
         apply_resets(model, reset_paths)
