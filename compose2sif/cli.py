@@ -71,6 +71,149 @@ def config(state: _State, fmt: str, list_services: bool, list_profiles: bool):
         click.echo(yaml.safe_dump(document, sort_keys=False, default_flow_style=False, allow_unicode=True), nl=False)
 
 
+def _output_dir(project, output: Optional[str]) -> str:
+    return os.path.abspath(output or os.path.join(os.getcwd(), f"compose2sif-{project.name}"))
+
+
+def _previous_ports(out_dir: str) -> set:
+    """Host ports of an earlier plan of this output dir: ours, so not 'busy' when we plan again."""
+    try:
+        with open(os.path.join(out_dir, "plan.json"), encoding="utf-8") as fh:
+            plan = json.load(fh)
+    except (OSError, ValueError):
+        return set()
+    return {p["host"] for s in plan.get("services", []) for p in s.get("ports", [])}
+
+
+def _convert(project, output, registry_mirror=None, image_sources=(), port_base=None, offline=False):
+    from compose2sif import registry, render
+    from compose2sif.plan import PlanOptions, build_plan, image_definitions
+    from compose2sif.plan.ports import listening_ports
+
+    out_dir = _output_dir(project, output)
+    sources = {}
+    for item in image_sources:
+        service, sep, spec = item.partition("=")
+        if not sep:
+            raise ComposeError(f"--image-source {item}: expected SERVICE=KIND:PATH")
+        sources[service] = spec
+    options = PlanOptions(registry_mirror=registry_mirror, image_sources=sources, port_base=port_base,
+                          busy_ports=listening_ports() - _previous_ports(out_dir))
+    images = image_definitions(project, options)
+    if not offline:
+        for source in images.values():
+            if source.kind != "docker":
+                continue
+            from compose2sif.plan.images import docker_reference
+            ref = docker_reference(source.ref, registry_mirror)
+            try:
+                options.image_configs[source.ref] = registry.fetch_config(
+                    ref, insecure=bool(os.environ.get("APPTAINER_NOHTTPS") or os.environ.get("SINGULARITY_NOHTTPS")))
+            except Exception as exc:  # network, auth, odd registries: the plan just lacks it
+                click.echo(f"WARN could not read the configuration of image {source.ref} from its registry "
+                           f"({type(exc).__name__}); its WORKDIR and exposed ports are unknown", err=True)
+    plan = build_plan(project, options)
+    extra = render.write(plan, images, out_dir)
+    for warning in plan.warnings + extra:
+        if warning not in project.warnings:
+            click.echo(f"WARN {warning}", err=True)
+    return plan, out_dir
+
+
+@cli.command()
+@click.option("-o", "--output", metavar="DIR", help="Output directory (default: ./compose2sif-PROJECT).")
+@click.option("--registry-mirror", metavar="HOST", help="Pull Docker Hub images through this registry.")
+@click.option("--image-source", "image_sources", multiple=True, metavar="SERVICE=KIND:PATH",
+              help="Take a service's image from a docker-archive, oci-archive or ready sif file (repeatable).")
+@click.option("--port-base", type=int, help="First port of the block the moved ports go to (default: per user and project).")
+@click.option("--offline", is_flag=True, help="Do not ask registries for image configurations.")
+@click.pass_obj
+def convert(state: _State, output, registry_mirror, image_sources, port_base, offline):
+    """Write Singularity definitions, run.sh, env files, hosts and plan.json for the project."""
+    project = state.load()
+    plan, out_dir = _convert(project, output, registry_mirror, image_sources, port_base, offline)
+    click.echo(f"wrote {out_dir}: {len(plan.images)} image definition(s), {len(plan.services)} service(s); "
+               f"next: {os.path.relpath(out_dir)}/run.sh build && {os.path.relpath(out_dir)}/run.sh up -d")
+
+
+def _existing_output(state: _State, output: Optional[str]) -> str:
+    project = state.load()
+    return _output_dir(project, output)
+
+
+@cli.command()
+@click.option("-o", "--output", metavar="DIR")
+@click.pass_obj
+def build(state: _State, output):
+    """Build the SIFs that are missing or whose definition changed (in parallel; C2S_BUILD_JOBS)."""
+    from compose2sif.runtime import run_script
+    sys.exit(run_script(_existing_output(state, output), ["build"]))
+
+
+@cli.command()
+@click.option("-o", "--output", metavar="DIR")
+@click.option("-d", "--detach", is_flag=True, help="Start and return; restart policies run in the background.")
+@click.option("--registry-mirror", metavar="HOST")
+@click.option("--image-source", "image_sources", multiple=True, metavar="SERVICE=KIND:PATH")
+@click.option("--port-base", type=int)
+@click.option("--offline", is_flag=True)
+@click.argument("services", nargs=-1)
+@click.pass_obj
+def up(state: _State, output, detach, registry_mirror, image_sources, port_base, offline, services):
+    """Convert, build what is missing, and start the services in dependency order."""
+    from compose2sif.runtime import detect, run_script
+    if detect() is None:
+        raise ComposeError("neither apptainer nor singularity is on PATH (try: module load apptainer)")
+    project = state.load()
+    _, out_dir = _convert(project, output, registry_mirror, image_sources, port_base, offline)
+    rc = run_script(out_dir, ["build"])
+    if rc != 0:
+        sys.exit(rc)
+    sys.exit(run_script(out_dir, ["up", *(["-d"] if detach else []), *services]))
+
+
+@cli.command()
+@click.option("-o", "--output", metavar="DIR")
+@click.option("-v", "--volumes", is_flag=True, help="Also delete the named volumes.")
+@click.pass_obj
+def down(state: _State, output, volumes):
+    """Stop every instance of the project."""
+    from compose2sif.runtime import run_script
+    sys.exit(run_script(_existing_output(state, output), ["down", *(["-v"] if volumes else [])]))
+
+
+@cli.command()
+@click.option("-o", "--output", metavar="DIR")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.pass_obj
+def ps(state: _State, output, fmt):
+    """State and health of each service."""
+    from compose2sif.runtime import run_script
+    sys.exit(run_script(_existing_output(state, output), ["ps", *(["--format", "json"] if fmt == "json" else [])]))
+
+
+@cli.command()
+@click.option("-o", "--output", metavar="DIR")
+@click.option("-f", "--follow", is_flag=True)
+@click.argument("service")
+@click.pass_obj
+def logs(state: _State, output, follow, service):
+    """A service's output."""
+    from compose2sif.runtime import run_script
+    sys.exit(run_script(_existing_output(state, output), ["logs", *(["-f"] if follow else []), service]))
+
+
+@cli.command(name="exec", context_settings={"ignore_unknown_options": True})
+@click.option("-o", "--output", metavar="DIR")
+@click.argument("service")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_obj
+def exec_(state: _State, output, service, command):
+    """Run a command inside a service's instance."""
+    from compose2sif.runtime import run_script
+    sys.exit(run_script(_existing_output(state, output), ["exec", service, *command]))
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     try:
         cli.main(args=argv, prog_name="compose2sif", standalone_mode=False)

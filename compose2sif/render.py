@@ -1,0 +1,147 @@
+"""Stage 4: write the plan out as files. The output directory is self-contained: copy it to a
+cluster and run ``./run.sh up`` there with nothing but bash and apptainer/singularity.
+
+    definitions/<image>.def   one per distinct image source
+    sif/                      where `build` puts the SIFs
+    env/<service>.env         the resolved environment, shell-quoted for --env-file, mode 0600
+    config/<service>/...      rendered config files (nginx)
+    hosts.names               every service name, alias and host.docker.internal -> 127.0.0.1
+    hosts                     /etc/hosts for the instances as it would be on this machine
+    run.sh                    the orchestrator
+    plan.json                 every decision and warning, for people and tools
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from typing import Dict, List, Optional
+
+import jinja2
+
+from compose2sif.plan import Plan, ServicePlan
+from compose2sif.plan.images import ImageSource
+
+
+def _templates_dir() -> str:
+    """run/ in a checkout; the package compose2sif.runner once installed (the same files)."""
+    from compose2sif import runner
+    return os.path.dirname(os.path.abspath(runner.__file__))
+
+
+_VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ULIMIT_FLAGS = {"core": "c", "data": "d", "fsize": "f", "locks": "x", "memlock": "l", "msgqueue": "q",
+                 "nice": "e", "nofile": "n", "nproc": "u", "rss": "m", "rtprio": "r", "sigpending": "i",
+                 "stack": "s", "cpu": "t", "as": "v"}
+
+
+def _environment(loader_dir: str) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(loader_dir), keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    return env
+
+
+def launch_line(service: ServicePlan) -> str:
+    """The shell line the start script evals: cd, ulimits, run the command, record its exit code.
+    The command runs as a child so the exit code can be kept for `ps` and restart policies; the
+    signals `instance stop` sends are passed on to it."""
+    parts: List[str] = []
+    if service.workdir:
+        parts.append(f"cd {shlex.quote(service.workdir)} 2>/dev/null")
+    for name, (soft, hard) in sorted(service.ulimits.items()):
+        flag = _ULIMIT_FLAGS.get(name)
+        if flag:
+            value = "unlimited" if soft < 0 else str(soft)
+            parts.append(f"ulimit -S -{flag} {value} 2>/dev/null || ulimit -S -{flag} \"$(ulimit -H -{flag})\"")
+    argv = service.launch or ["/.singularity.d/runscript"]
+    parts += [
+        "rm -f /tmp/.c2s-exit",
+        " ".join(shlex.quote(a) for a in argv) + " </dev/null & c2s_pid=$!",
+        'for c2s_sig in TERM INT HUP QUIT USR1 USR2; do trap "kill -$c2s_sig $c2s_pid 2>/dev/null" $c2s_sig; done',
+        'while :; do wait "$c2s_pid"; c2s_rc=$?; kill -0 "$c2s_pid" 2>/dev/null || break; done',
+        'echo "$c2s_rc" >/tmp/.c2s-exit',
+        'exit "$c2s_rc"',
+    ]
+    return "; ".join(parts)
+
+
+def env_file_text(service: ServicePlan, warnings: List[str]) -> str:
+    lines = [f"# environment of service {service.name} (compose2sif); read by apptainer --env-file"]
+    for key in sorted(service.environment):
+        if not _VALID_NAME.match(key):
+            warnings.append(f"service {service.name!r}: environment variable {key!r} is not a valid shell name "
+                            "and cannot be passed through --env-file; skipped")
+            continue
+        lines.append(f"{key}={shlex.quote(service.environment[key])}")
+    lines.append(f"C2S_LAUNCH={shlex.quote(launch_line(service))}")
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: str, text: str, mode: int = 0o600) -> None:
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _tmp_source(service: ServicePlan) -> str:
+    for bind in service.binds:
+        if bind.target == "/tmp":
+            return bind.source
+    return f"{service.name}-tmp-missing"
+
+
+def render_runner(plan: Plan) -> str:
+    env = _environment(_templates_dir())
+    services = []
+    for s in plan.services:
+        binds = []
+        for b in s.binds:
+            spec = f"{b.source}:{b.target}" + (":ro" if b.read_only else "")
+            binds.append({"spec": spec, "host": b.source, "create": b.create or b.kind in ("volume", "scratch", "tmpfs"),
+                          "kind": b.kind})
+        services.append({**s.__dict__, "fn": re.sub(r"[^A-Za-z0-9_]", "_", s.name), "binds": binds,
+                         "tmp": _tmp_source(s)})
+    header = env.get_template("run.sh.j2").render(project=plan.project, compose_files=plan.compose_files,
+                                                  state_dir=plan.state_dir, services=services,
+                                                  images=list(plan.images))
+    with open(os.path.join(_templates_dir(), "engine.sh"), encoding="utf-8") as fh:
+        return header + fh.read()
+
+
+def hosts_names(plan: Plan) -> str:
+    lines = ["127.0.0.1 " + " ".join(plan.host_names)]
+    lines += [f"{ip} {host}" for host, ip in plan.extra_hosts]
+    return "\n".join(lines) + "\n"
+
+
+def write(plan: Plan, images: Dict[str, ImageSource], out_dir: str) -> List[str]:
+    """Write every file; returns the warnings found while writing."""
+    warnings: List[str] = []
+    os.makedirs(out_dir, mode=0o700, exist_ok=True)
+    os.chmod(out_dir, 0o700)
+    for key, source in images.items():
+        _write(os.path.join(out_dir, "definitions", f"{key}.def"), source.definition, 0o644)
+    os.makedirs(os.path.join(out_dir, "sif"), exist_ok=True)
+    for service in plan.services:
+        _write(os.path.join(out_dir, service.env_file), env_file_text(service, warnings))
+    for path, content in plan.configs.items():
+        _write(os.path.join(out_dir, path), content)
+    names = hosts_names(plan)
+    _write(os.path.join(out_dir, "hosts.names"), names, 0o644)
+    try:
+        with open("/etc/hosts", encoding="utf-8") as fh:
+            host_entries = fh.read()
+    except OSError:
+        host_entries = ""
+    _write(os.path.join(out_dir, "hosts"), host_entries + f"# compose2sif: {plan.project}\n" + names, 0o644)
+    _write(os.path.join(out_dir, "run.sh"), render_runner(plan), 0o755)
+    data = plan.to_json()
+    data["warnings"] = plan.warnings + warnings
+    _write(os.path.join(out_dir, "plan.json"), json.dumps(data, indent=2) + "\n", 0o644)
+    return warnings

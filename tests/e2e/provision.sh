@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Build the end-to-end test bed: a real, rootless Apptainer on this Debian machine, and OCI images
+# of real software (nginx, PostgreSQL, Redis, Python, llama.cpp) from Debian's archive in a local
+# registry. Needs root (to debootstrap and to enter the node). Idempotent: everything is cached
+# under $C2S_TESTBED (default /var/cache/compose2sif-testbed), keyed by a hash of this recipe and
+# the image recipes, so a second run takes seconds. Prints the test bed directory on success.
+#
+# Layout of the test bed directory:
+#   node/        Debian sid root filesystem with apptainer, entered with pivot_root (not chroot:
+#                the kernel refuses user namespaces inside a chroot); user `hpc` runs the tests
+#   oci/         OCI image layout holding the test images
+#   registry/    storage of a Distribution registry (`docker-registry`) serving them on 127.0.0.1
+#   ready        written last
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+base=${C2S_TESTBED:-/var/cache/compose2sif-testbed}
+mirror=${C2S_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+registry_port=${C2S_REGISTRY_PORT:-5000}
+node_packages=apptainer,squashfs-tools,uidmap,fuse2fs,squashfuse,fuse-overlayfs,python3,python3-yaml,python3-click,python3-jinja2,python3-requests,ca-certificates,curl,procps,iproute2,util-linux,bash,coreutils,gawk
+base_packages=ca-certificates,curl,python3
+hash() { sha256sum | cut -c1-16; }
+node="$base/node-$(echo "sid $node_packages" | hash)"
+imgbase="$base/imgbase-$(echo "sid $base_packages" | hash)"
+image_key() {  # an image is rebuilt when its recipe, its files or the image base change
+    (cat "$here/images/$1.image"; . "$here/images/$1.image"; for f in "${FILES[@]}"; do cat "$here/images/${f%%:*}"; done
+     echo "$imgbase") | hash
+}
+all_keys=$(for r in "$here"/images/*.image; do n=$(basename "$r" .image); echo "$n $(image_key "$n")"; done; echo "$node")
+ready="$base/ready-$(echo "$all_keys" | hash)"
+dir="$base"
+
+log() { printf '[provision] %s\n' "$*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+    echo "provision.sh: needs root (debootstrap, mounts)" >&2
+    exit 3
+fi
+if [ -f "$ready" ]; then
+    cat "$ready"
+    exit 0
+fi
+
+need=()
+for tool in debootstrap umoci skopeo docker-registry; do
+    command -v "$tool" >/dev/null || need+=("$tool")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    log "installing ${need[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap umoci skopeo docker-registry >/dev/null
+fi
+
+mkdir -p "$dir"
+exec 9>"$dir/.lock"
+flock 9
+[ -f "$ready" ] && { cat "$ready"; exit 0; }
+
+# ---- the node: Apptainer 1.4 from Debian sid, an unprivileged user ---------------------------
+if [ ! -f "$node/.done" ]; then
+    rm -rf "$node"
+    log "debootstrap the node (sid, apptainer)"
+    debootstrap --variant=minbase --include="$node_packages" sid "$node" "$mirror" >"$node.log" 2>&1 ||
+        { tail -20 "$node.log" >&2; exit 1; }
+    chroot "$node" useradd -m -s /bin/bash hpc
+    grep -q '^hpc:' "$node/etc/subuid" || echo 'hpc:100000:65536' >>"$node/etc/subuid"
+    grep -q '^hpc:' "$node/etc/subgid" || echo 'hpc:100000:65536' >>"$node/etc/subgid"
+    mkdir -p "$node/work" "$node/.oldroot"
+    touch "$node/.done"
+fi
+
+# ---- test images: one sid base, one variant per image recipe --------------------------------
+if [ ! -f "$imgbase/.done" ]; then
+    rm -rf "$imgbase"
+    log "debootstrap the image base (sid)"
+    debootstrap --variant=minbase --include="$base_packages" sid "$imgbase" "$mirror" >"$imgbase.log" 2>&1 ||
+        { tail -20 "$imgbase.log" >&2; exit 1; }
+    chroot "$imgbase" apt-get clean
+    printf '#!/bin/sh\nexit 101\n' >"$imgbase/usr/sbin/policy-rc.d"   # no daemons started by postinst scripts
+    chmod 0755 "$imgbase/usr/sbin/policy-rc.d"
+    touch "$imgbase/.done"
+fi
+
+registry_pid=""
+stop_registry() { [ -n "$registry_pid" ] && kill "$registry_pid" 2>/dev/null || true; }
+trap stop_registry EXIT
+mkdir -p "$dir/registry"
+cat >"$dir/registry.yml" <<CONF
+version: 0.1
+storage:
+  filesystem:
+    rootdirectory: $dir/registry
+http:
+  addr: 127.0.0.1:$registry_port
+CONF
+
+for recipe in "$here"/images/*.image; do
+    name=$(basename "$recipe" .image)
+    done_marker="$dir/oci/.$name.$(image_key "$name").done"
+    [ -f "$done_marker" ] && continue
+    PACKAGES="" ENTRYPOINT=() CMD=() ENV=() WORKDIR="" FILES=() POST=""
+    # shellcheck disable=SC1090
+    . "$recipe"
+    log "image $name: $PACKAGES"
+    rootfs="$dir/build/$name"
+    rm -rf "$rootfs" && mkdir -p "$(dirname "$rootfs")"
+    cp -a "$imgbase" "$rootfs"
+    if [ -n "$PACKAGES" ]; then
+        cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
+        mount -t proc proc "$rootfs/proc"
+        trap 'umount "$rootfs/proc" 2>/dev/null; stop_registry' EXIT
+        chroot "$rootfs" sh -c "apt-get -o Acquire::Check-Valid-Until=false update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $PACKAGES && apt-get clean" \
+            >"$dir/$name.log" 2>&1 || { tail -20 "$dir/$name.log" >&2; exit 1; }
+        umount "$rootfs/proc"
+        trap stop_registry EXIT
+        rm -rf "$rootfs/var/lib/apt/lists"/*
+    fi
+    for f in "${FILES[@]}"; do   # "file-in-images/:path-in-image"
+        install -D -m 0755 "$here/images/${f%%:*}" "$rootfs/${f#*:}"
+    done
+    [ -z "$POST" ] || chroot "$rootfs" sh -c "$POST"
+    rm -f "$rootfs/.done" "$rootfs/usr/sbin/policy-rc.d"
+    layout="$dir/oci"
+    [ -d "$layout" ] || umoci init --layout "$layout"
+    umoci new --image "$layout:$name"
+    rm -rf "$dir/bundle"
+    umoci unpack --rootless --image "$layout:$name" "$dir/bundle" >/dev/null
+    rm -rf "$dir/bundle/rootfs" && cp -a "$rootfs" "$dir/bundle/rootfs"
+    umoci repack --image "$layout:$name" "$dir/bundle" >/dev/null
+    args=()
+    for a in "${ENTRYPOINT[@]}"; do args+=(--config.entrypoint "$a"); done
+    for a in "${CMD[@]}"; do args+=(--config.cmd "$a"); done
+    for a in "${ENV[@]}"; do args+=(--config.env "$a"); done
+    [ -n "$WORKDIR" ] && args+=(--config.workingdir "$WORKDIR")
+    umoci config --image "$layout:$name" --tag "$name" "${args[@]}" >/dev/null
+    rm -rf "$dir/bundle" "$rootfs"
+    touch "$done_marker"
+done
+
+log "pushing images to the registry"
+docker-registry serve "$dir/registry.yml" >"$dir/registry.log" 2>&1 &
+registry_pid=$!
+for _ in $(seq 50); do curl -fs "http://127.0.0.1:$registry_port/v2/" >/dev/null && break; sleep 0.2; done
+for recipe in "$here"/images/*.image; do
+    name=$(basename "$recipe" .image)
+    skopeo copy -q --dest-tls-verify=false "oci:$dir/oci:$name" "docker://127.0.0.1:$registry_port/c2s/$name:test"
+done
+stop_registry
+registry_pid=""
+chmod 0755 "$base"
+rm -f "$base"/ready-*
+printf 'NODE=%s\nREGISTRY_CONFIG=%s\nREGISTRY_PORT=%s\n' "$node" "$dir/registry.yml" "$registry_port" >"$ready"
+cat "$ready"
