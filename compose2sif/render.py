@@ -25,8 +25,11 @@ from compose2sif.plan.images import ImageSource
 
 
 def _templates_dir() -> str:
-    """run/ in a checkout; the package compose2sif.runner once installed (the same files)."""
-    from compose2sif import runner
+    """The package compose2sif.runner once installed; run/ beside the package in a plain checkout."""
+    try:
+        from compose2sif import runner
+    except ImportError:
+        return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "run")
     return os.path.dirname(os.path.abspath(runner.__file__))
 
 
@@ -67,15 +70,25 @@ def launch_line(service: ServicePlan) -> str:
     return "; ".join(parts)
 
 
-def env_file_text(service: ServicePlan, warnings: List[str]) -> str:
-    lines = [f"# environment of service {service.name} (compose2sif); read by apptainer --env-file"]
+def env_file_text(service: ServicePlan, warnings: List[str], evaluated: bool = False) -> str:
+    """The --env-file of a service. Runtimes with --no-eval pass values on literally. Older ones
+    (Singularity 3.x, Apptainer 1.0) evaluate them once more inside the container, so for those
+    (``evaluated``) `$` and backquotes are escaped."""
+    def value(text: str) -> str:
+        if evaluated:
+            text = text.replace("$", "\\$").replace("`", "\\`")
+        return shlex.quote(text)
+
+    lines = [f"# environment of service {service.name} (compose2sif); read by apptainer --env-file"
+             + (" on runtimes without --no-eval" if evaluated else " --no-eval")]
     for key in sorted(service.environment):
         if not _VALID_NAME.match(key):
-            warnings.append(f"service {service.name!r}: environment variable {key!r} is not a valid shell name "
-                            "and cannot be passed through --env-file; skipped")
+            if not evaluated:
+                warnings.append(f"service {service.name!r}: environment variable {key!r} is not a valid shell name "
+                                "and cannot be passed through --env-file; skipped")
             continue
-        lines.append(f"{key}={shlex.quote(service.environment[key])}")
-    lines.append(f"C2S_LAUNCH={shlex.quote(launch_line(service))}")
+        lines.append(f"{key}={value(service.environment[key])}")
+    lines.append(f"C2S_LAUNCH={value(launch_line(service))}")
     return "\n".join(lines) + "\n"
 
 
@@ -130,6 +143,8 @@ def write(plan: Plan, images: Dict[str, ImageSource], out_dir: str) -> List[str]
     os.makedirs(os.path.join(out_dir, "sif"), exist_ok=True)
     for service in plan.services:
         _write(os.path.join(out_dir, service.env_file), env_file_text(service, warnings))
+        _write(os.path.join(out_dir, service.env_file[:-len(".env")] + ".eval.env"),
+               env_file_text(service, warnings, evaluated=True))
     for path, content in plan.configs.items():
         _write(os.path.join(out_dir, path), content)
     names = hosts_names(plan)

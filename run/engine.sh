@@ -2,7 +2,7 @@ die() { echo "run.sh: $*" >&2; exit 1; }
 note() { echo "[$PROJECT] $*" >&2; }
 
 # ---- the container runtime ------------------------------------------------------------------
-RT="" RT_VERSION=""
+RT="" RT_VERSION="" EVAL_FLAGS=() ENV_SUFFIX=.env
 detect_runtime() {
     if [ -n "${C2S_RUNTIME:-}" ]; then
         RT=$C2S_RUNTIME
@@ -20,7 +20,17 @@ detect_runtime() {
         apptainer*) ;;
         *) version_ge "$RT_VERSION" 3.6 || die "$line is too old: --env-file needs Singularity >= 3.6" ;;
     esac
+    # With --no-eval (Apptainer >= 1.1) values and the image's CMD are taken literally, as Docker
+    # does; without it the runtime evaluates them once more, so the escaped env files are used.
+    if "$RT" exec --help 2>/dev/null | grep -q -- '--no-eval'; then
+        EVAL_FLAGS=(--no-eval) ENV_SUFFIX=.env
+    else
+        EVAL_FLAGS=() ENV_SUFFIX=.eval.env
+    fi
 }
+
+# The service's env file for this runtime (see detect_runtime).
+env_file() { printf '%s' "${S_ENV%.env}$ENV_SUFFIX"; }
 
 version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" = "$2" ]; }
 
@@ -33,18 +43,17 @@ get_status() { cat "$(status_file "$1")" 2>/dev/null || true; }
 
 # The pid of a running instance, from `instance list --json NAME` (no jq on most nodes).
 instance_pid() {
-    "$RT" instance list --json "$1" 2>/dev/null | tr -d ' \n' |
+    "$RT" instance list --json "$1" 2>/dev/null | tr -d ' \t\n' |
         sed -n "s/.*\"instance\":\"$1\",\"pid\":\([0-9]*\).*/\1/p"
 }
 
 # Does any process have $1 as its parent? (the service runs under the instance's start script)
 has_children() {
-    local stat rest
+    local stat rest fields
     for stat in /proc/[0-9]*/stat; do
         rest=$(cat "$stat" 2>/dev/null) || continue
-        rest=${rest##*) }
-        set -- "$1" $rest
-        [ "$3" = "$1" ] && return 0
+        read -r -a fields <<<"${rest##*) }"   # after "(comm) ": state ppid ...
+        [ "${fields[1]}" = "$1" ] && return 0
     done
     return 1
 }
@@ -87,6 +96,14 @@ log_paths() {
         done
     fi
     printf '%s\n%s\n' "$out" "$err"
+}
+
+# Apptainer appends to an instance's log files; a fresh start gets fresh logs.
+clear_logs() {
+    local base
+    for base in "${APPTAINER_CONFIGDIR:-$HOME/.apptainer}" "${SINGULARITY_CONFIGDIR:-$HOME/.singularity}"; do
+        rm -f "$base"/instances/logs/*/"$(id -un)"/"$S_INSTANCE".out "$base"/instances/logs/*/"$(id -un)"/"$S_INSTANCE".err
+    done
 }
 
 log_tail() {
@@ -155,8 +172,8 @@ assign_gpus() {
 
 # ---- starting one service -----------------------------------------------------------------------
 runtime_flags() {
-    FLAGS=(--cleanenv --env-file "$S_ENV")
-    [ -n "$S_WORKDIR" ] && FLAGS+=(--pwd "$S_WORKDIR")
+    # (no --pwd: `instance start` has none; the start script changes to the working directory)
+    FLAGS=(--cleanenv "${EVAL_FLAGS[@]}" --env-file "$(env_file)")
     FLAGS+=(--bind "$STATE/hosts:/etc/hosts:ro")
     local b src rest
     for b in "${S_BINDS[@]}"; do
@@ -175,7 +192,7 @@ runtime_flags() {
 prepare_dirs() {
     local d
     for d in "${S_EMPTY[@]}"; do rm -rf "$(abs "$d")"; done
-    for d in "${S_MKDIRS[@]}"; do mkdir -p "$(abs "$d")"; done
+    for d in "${S_MKDIRS[@]}"; do [ -e "$(abs "$d")" ] || mkdir -p "$(abs "$d")"; done
 }
 
 # Wait until each dependency meets its condition. Fails if one fails.
@@ -206,7 +223,7 @@ health_once() {
         CMD-SHELL) cmd=(/bin/sh -c "${S_HEALTH[1]}") ;;
         *) return 0 ;;
     esac
-    local flags=(--cleanenv --env-file "$S_ENV")
+    local flags=(--cleanenv "${EVAL_FLAGS[@]}" --env-file "$(env_file)")
     [ -n "$S_WORKDIR" ] && flags+=(--pwd "$S_WORKDIR")
     timeout -k 2 "$S_HEALTH_TIMEOUT" "$RT" exec "${flags[@]}" "instance://$S_INSTANCE" "${cmd[@]}" >/dev/null 2>&1
 }
@@ -255,6 +272,7 @@ start_service() {
             fi
         done
         prepare_dirs
+        clear_logs
         rm -f "$RUNDIR/$name.stopped"
         runtime_flags
         if [ "$S_ONESHOT" = 1 ]; then
@@ -267,7 +285,7 @@ start_service() {
         fi
         note "$name: starting instance $S_INSTANCE"
         if ! "$RT" instance start "${FLAGS[@]}" "$S_SIF" "$S_INSTANCE" >"$STATE/logs/$name.start.log" 2>&1; then
-            set_status "$name" "failed instance start: $(tail -n 3 "$STATE/logs/$name.start.log" | tr '\n' ' ')"
+            set_status "$name" "failed instance start: $(grep -v '^INFO' "$STATE/logs/$name.start.log" | head -n 2 | tr '\n' ' ')"
             return 1
         fi
         sleep 0.5
@@ -504,7 +522,7 @@ cmd_exec() {
     load_service "$1"
     shift
     [ "$(service_state)" = running ] || die "$S_NAME is not running"
-    local flags=(--cleanenv --env-file "$S_ENV")
+    local flags=(--cleanenv "${EVAL_FLAGS[@]}" --env-file "$(env_file)")
     [ -n "$S_WORKDIR" ] && flags+=(--pwd "$S_WORKDIR")
     exec "$RT" exec "${flags[@]}" "instance://$S_INSTANCE" "$@"
 }
@@ -561,9 +579,9 @@ cmd_build() {
 }
 
 main() {
-    local cmd=${1:-}
+    local command=${1:-}
     shift || true
-    case "$cmd" in
+    case "$command" in
         up) cmd_up "$@" ;;
         down) cmd_down "$@" ;;
         ps) cmd_ps "$@" ;;
@@ -573,7 +591,7 @@ main() {
         build) cmd_build "$@" ;;
         _supervise) cmd_supervise ;;
         -h | --help | help | "") sed -n '2,/^set -o/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
-        *) die "unknown command $cmd (try: ./run.sh help)" ;;
+        *) die "unknown command $command (try: ./run.sh help)" ;;
     esac
 }
 

@@ -178,7 +178,7 @@ def convert(dockerfile: str, context: str, build_args: Dict[str, Optional[str]],
             if len(argv) < 2:
                 raise ComposeError(f"{where}: line {line}: {op} needs a source and a destination")
             *sources, dest = [_expand(a, variables()) for a in argv]
-            into_dir = dest.endswith("/") or len(sources) > 1
+            into_dir = dest.endswith(("/", "/.")) or dest in (".", "..") or len(sources) > 1
             dest = os.path.normpath(dest if dest.startswith("/") else os.path.join(stage.workdir, dest))
             quoted = shlex.quote(dest)
             stage.post.append(f"mkdir -p {quoted if into_dir else shlex.quote(os.path.dirname(dest))}")

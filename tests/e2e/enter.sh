@@ -3,11 +3,11 @@
 # the node root filesystem entered with pivot_root (user namespaces are refused inside a chroot),
 # the host's /proc, /dev and /sys, and the repository at /work. The network namespace is the
 # host's, as on a real HPC node.
-#   enter.sh TESTBED_DIR REPO_DIR COMMAND...
+#   enter.sh NODE_ROOT REPO_DIR COMMAND...   (NODE_ROOT: the NODE printed by provision.sh)
 set -euo pipefail
-testbed=$1 repo=$2
+root=$1 repo=$2
 shift 2
-root="$testbed/node"
+
 chmod 0666 /dev/fuse 2>/dev/null || true
 exec unshare -m --propagation private /bin/bash -s -- "$root" "$repo" "$@" <<'INNER'
 set -euo pipefail
