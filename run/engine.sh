@@ -38,7 +38,10 @@ version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" = "$2" ]
 abs() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$HERE/$1" ;; esac; }
 
 status_file() { printf '%s' "$RUNDIR/$1.status"; }
-set_status() { printf '%s\n' "$2" >"$(status_file "$1").tmp" && mv -f "$(status_file "$1").tmp" "$(status_file "$1")"; }
+set_status() {
+    printf '%s\n' "$2" >"$(status_file "$1").tmp" && mv -f "$(status_file "$1").tmp" "$(status_file "$1")"
+    printf '%s %s\n' "$(date +%s.%N)" "${2%% *}" >>"$RUNDIR/$1.timeline"
+}
 get_status() { cat "$(status_file "$1")" 2>/dev/null || true; }
 
 # The pid of a running instance, from `instance list --json NAME` (no jq on most nodes).
@@ -259,6 +262,7 @@ start_service() {
         set_status "$name" "failed $reason"
         return 1
     fi
+    set_status "$name" starting
     st=$(service_state)
     if [ "$st" = running ]; then
         note "$name: already running"
@@ -341,8 +345,9 @@ cmd_up() {
     done
     detect_runtime
     prepare_state
+    stop_supervisor  # one supervisor per project; a new one starts below
     mapfile -t names < <(closure "${names[@]}")
-    for name in "${names[@]}"; do rm -f "$(status_file "$name")"; done
+    for name in "${names[@]}"; do rm -f "$(status_file "$name")" "$RUNDIR/$name.timeline"; done
     assign_gpus "${names[@]}"
     for name in "${names[@]}"; do
         start_service "$name" &
@@ -350,6 +355,9 @@ cmd_up() {
     done
     local pid
     for pid in "${pids[@]}"; do wait "$pid" || true; done
+    for name in "${names[@]}"; do
+        case "$(get_status "$name")" in failed*) sleep 1; break ;; esac  # let the runtime flush the logs
+    done
     for name in "${names[@]}"; do
         st=$(get_status "$name")
         case "$st" in
@@ -395,6 +403,10 @@ supervise() {
     declare -A attempts=()
     local name rc max
     while :; do
+        # a background supervisor that another `up` or `down` replaced ends here
+        if [ -n "${SUPERVISOR_PID_FILE:-}" ] && [ "$(cat "$SUPERVISOR_PID_FILE" 2>/dev/null)" != "$BASHPID" ]; then
+            return 0
+        fi
         while read -r name; do
             load_service "$name"
             [ "$S_ONESHOT" = 1 ] && continue
@@ -424,6 +436,12 @@ supervise() {
 cmd_supervise() {
     detect_runtime
     trap 'exit 0' TERM INT
+    SUPERVISOR_PID_FILE="$RUNDIR/supervisor.pid"
+    local i
+    for ((i = 0; i < 50; i++)); do  # `up` writes our pid just after starting us
+        [ "$(cat "$SUPERVISOR_PID_FILE" 2>/dev/null)" = "$BASHPID" ] && break
+        sleep 0.1
+    done
     supervise
 }
 
@@ -439,17 +457,30 @@ stop_service() {
     rm -f "$(status_file "$name")"
 }
 
+stop_supervisor() {
+    if [ -f "$RUNDIR/supervisor.pid" ]; then
+        kill "$(cat "$RUNDIR/supervisor.pid")" 2>/dev/null || true
+        rm -f "$RUNDIR/supervisor.pid"
+    fi
+}
+
 cmd_down() {
     local volumes=0 i pid
     [ "${1:-}" = -v ] || [ "${1:-}" = --volumes ] && volumes=1
     detect_runtime
     mkdir -p "$RUNDIR"
-    if [ -f "$RUNDIR/supervisor.pid" ]; then
-        pid=$(cat "$RUNDIR/supervisor.pid")
-        kill "$pid" 2>/dev/null || true
-        rm -f "$RUNDIR/supervisor.pid"
-    fi
-    for ((i = ${#SERVICES[@]} - 1; i >= 0; i--)); do stop_service "${SERVICES[i]}"; done
+    stop_supervisor
+    # reverse start order, one level at a time, the services of a level in parallel
+    local level pids=()
+    for ((level = MAX_LEVEL; level >= 0; level--)); do
+        pids=()
+        for ((i = ${#SERVICES[@]} - 1; i >= 0; i--)); do
+            [ "${LEVELS[i]}" = "$level" ] || continue
+            stop_service "${SERVICES[i]}" &
+            pids+=($!)
+        done
+        for pid in "${pids[@]}"; do wait "$pid"; done
+    done
     if [ "$volumes" = 1 ]; then
         note "removing volumes in $STATE/volumes"
         rm -rf "$STATE/volumes"
@@ -467,19 +498,21 @@ cmd_ps() {
         st=$(service_state)
         rc=$(exit_code)
         health=none
-        if [ ${#S_HEALTH[@]} -gt 0 ]; then
-            if [ "$st" = running ]; then
-                health_once && health=healthy || health=unhealthy
-            else
-                health=unhealthy
-            fi
+        if [ ${#S_HEALTH[@]} -gt 0 ] && [ "$st" = running ]; then
+            if health_once; then health=healthy; else health=unhealthy; fi
         fi
         if [ "$S_ONESHOT" = 1 ]; then
             case "$(get_status "$name")" in
                 completed*) st=exited rc=$(get_status "$name"); rc=${rc#completed } ;;
             esac
         fi
-        [ "$st" = absent ] && st=stopped
+        if [ "$st" = absent ]; then
+            # gone without `down`: it ended or was killed; otherwise it is simply not running
+            case "$(get_status "$name")" in
+                started | healthy) st=exited ;;
+                *) st=stopped ;;
+            esac
+        fi
         ports=$(IFS=,; echo "${S_PORTS[*]}")
         if [ "$json" = 1 ]; then
             [ "$first" = 1 ] || printf ','
@@ -540,11 +573,20 @@ cmd_restart() {
     done
 }
 
+# SIFs are shared between projects by the sha256 of their definition, in the user's cache.
+SIF_CACHE=${C2S_SIF_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/compose2sif/sif}
+
 build_one() {
     local key=$1 def="$HERE/definitions/$1.def" sif="$HERE/sif/$1.sif" digest log flags=()
     digest=$(sha256sum "$def" | cut -d' ' -f1)
     if [ -f "$sif" ] && [ "$(cat "$sif.digest" 2>/dev/null)" = "$digest" ] && [ "${C2S_FORCE_BUILD:-0}" != 1 ]; then
         note "image $key: up to date"
+        return 0
+    fi
+    if [ -f "$SIF_CACHE/$digest.sif" ] && [ "${C2S_FORCE_BUILD:-0}" != 1 ]; then
+        ln -f "$SIF_CACHE/$digest.sif" "$sif" 2>/dev/null || cp -f "$SIF_CACHE/$digest.sif" "$sif"
+        printf '%s\n' "$digest" >"$sif.digest"
+        note "image $key: taken from $SIF_CACHE"
         return 0
     fi
     if grep -q '^%post' "$def" && [ "$(id -u)" != 0 ]; then
@@ -555,11 +597,11 @@ build_one() {
     if "$RT" build --force "${flags[@]}" "$sif.tmp" "$def" >"$log" 2>&1; then
         mv -f "$sif.tmp" "$sif"
         printf '%s\n' "$digest" >"$sif.digest"
+        (umask 077 && mkdir -p "$SIF_CACHE") && { ln -f "$sif" "$SIF_CACHE/$digest.sif" 2>/dev/null ||
+            cp -f "$sif" "$SIF_CACHE/$digest.sif.tmp" && mv -f "$SIF_CACHE/$digest.sif.tmp" "$SIF_CACHE/$digest.sif"; }
         note "image $key: built"
     else
         rm -f "$sif.tmp"
-        echo "run.sh: building image $key failed; last lines of $log:" >&2
-        tail -n 20 "$log" >&2
         return 1
     fi
 }
@@ -568,14 +610,23 @@ cmd_build() {
     detect_runtime
     prepare_state
     mkdir -p "$HERE/sif"
-    local key jobs=${C2S_BUILD_JOBS:-2} pids=() failed=0 pid
+    local key jobs=${C2S_BUILD_JOBS:-2} pids=() keys=() failed=() i
     for key in "${IMAGES[@]}"; do
         while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 0.3; done
         build_one "$key" &
-        pids+=($!)
+        pids+=($!) keys+=("$key")
     done
-    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-    return $failed
+    for i in "${!pids[@]}"; do wait "${pids[i]}" || failed+=("${keys[i]}"); done
+    # Parallel builds can trip over each other in the runtime's layer cache: retry one at a time.
+    for key in "${failed[@]}"; do
+        note "image $key: build failed; retrying alone"
+        if ! build_one "$key"; then
+            echo "run.sh: building image $key failed; last lines of $STATE/logs/build-$key.log:" >&2
+            tail -n 20 "$STATE/logs/build-$key.log" >&2
+            return 1
+        fi
+    done
+    return 0
 }
 
 main() {
