@@ -136,7 +136,7 @@ def test_hints_teach_the_planner(tmp_path):
             image: example/app
             ports: ["8000"]
             x-compose2sif:
-              ports: {8000: {env: APP_PORT}}
+              ports: {"8000": {env: APP_PORT}}
               bind_address: {env: APP_HOST}
               writable: [/var/lib/app]
     """)
@@ -226,3 +226,14 @@ def test_repository_names():
     assert repository("docker.io/library/nginx@sha256:abc") == "library/nginx"
     assert repository("127.0.0.1:5000/c2s/postgres:test") == "c2s/postgres"
     assert repository("localhost/x/y") == "x/y"
+
+
+def test_bad_hint_is_one_clear_error(tmp_path):
+    from compose2sif.errors import ComposeError
+    with pytest.raises(ComposeError, match=r"services.app.x-compose2sif.ports"):
+        plan_for(tmp_path, """
+            services:
+              app:
+                image: example/app
+                x-compose2sif: {ports: {"http": {env: PORT}}}
+        """)

@@ -196,6 +196,22 @@ def _unshare(value):
 Path = Tuple[str, ...]
 
 
+def _check_keys(value: Any, path: str, lines: Dict[Path, int]) -> None:
+    """Compose accepts only string keys, in extensions too (`8000:` must be written `"8000":`)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str) or isinstance(key, Timestamp):
+                parts = tuple(path.split(".")) if path else ()
+                line = next((lines[parts[:n]] for n in range(len(parts), 0, -1) if parts[:n] in lines), None)
+                raise ComposeError(f"non-string key in {path or 'the top level'}: {key} (quote it)", line=line)
+            _check_keys(item, f"{path}.{key}" if path else key, lines)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_keys(item, f"{path}[{i}]", lines)
+    elif isinstance(value, Override):
+        _check_keys(value.value, path, lines)
+
+
 def _record_lines(node, path: Path, lines: Dict[Path, int], depth: int) -> None:
     if depth == 0 or not isinstance(node, yaml.MappingNode):
         return
@@ -238,9 +254,7 @@ def load_documents(filename: str, text: str) -> List[Document]:
             if not isinstance(data, dict):
                 raise ComposeError("top-level object must be a mapping",
                                    line=node.start_mark.line + 1)
-            for key in data:
-                if not isinstance(key, str):
-                    raise ComposeError(f"non-string key at top level: {key}", line=lines.get((str(key),)))
+            _check_keys(data, "", lines)
             documents.append(Document(filename, _unshare(data), lines))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark

@@ -132,7 +132,12 @@ def _hints(service: Service) -> Dict[str, Any]:
 
 def _port_requests(service: Service, profile: Optional[ImageProfile], exposed: List[int]) -> List[PortRequest]:
     hints = _hints(service)
-    hinted = {int(k): hint_setter(v) for k, v in (hints.get("ports") or {}).items()}
+    hinted: Dict[int, Optional[Setter]] = {}
+    for key, spec in (hints.get("ports") or {}).items():
+        if not str(key).isdigit() or hint_setter(spec) is None and not (isinstance(spec, dict) and spec.get("fixed")):
+            raise ComposeError(f"expected \"PORT\": {{env: NAME}} or {{flag: --name}} or {{fixed: true}}, "
+                               f"not {key}: {spec}", path=f"services.{service.name}.x-compose2sif.ports")
+        hinted[int(key)] = hint_setter(spec)
     requests: Dict[int, PortRequest] = {}
 
     def setter_for(port: int) -> Optional[Setter]:
@@ -264,6 +269,7 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
                  if d.condition == "service_completed_successfully"}
     configs: Dict[str, str] = {}
     plans: List[ServicePlan] = []
+    unknown_workdir: List[str] = []
     for name, service in services.items():
         profile = profiles[name]
         mine = {c: a for (s, c), a in assignments.items() if s == name}
@@ -340,8 +346,7 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
         image_config = options.image_configs.get(service.image or "")
         workdir = service.working_dir or source.workdir or (image_config.workdir if image_config else None)
         if workdir is None and service.image and source.kind == "docker" and service.image not in options.image_configs:
-            svc_warnings.append(f"service {name!r}: the image's WORKDIR is unknown (registry not reached); "
-                                "it starts in your home directory unless `working_dir` is set")
+            unknown_workdir.append(name)
         gpus = [{"count": g.count, "device_ids": list(g.device_ids)} for g in service.gpus]
         if service.runtime == "nvidia" and not gpus:
             gpus = [{"count": -1, "device_ids": []}]
@@ -359,6 +364,9 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
             writable_tmpfs=bool(_hints(service).get("writable_tmpfs")),
             warnings=svc_warnings))
         warnings.extend(svc_warnings)
+    if unknown_workdir:
+        warnings.append("the WORKDIR of the images of " + ", ".join(sorted(unknown_workdir)) + " is unknown (their "
+                        "registry was not asked); they start in your home directory unless `working_dir` is set")
     plans.sort(key=lambda p: (p.level, p.name))
     host_names = sorted({n for ns in names.values() for n in ns} | {"host.docker.internal"})
     extra_hosts: List[Tuple[str, str]] = []

@@ -7,9 +7,9 @@ flag, or a config file we render). A service's ``x-compose2sif`` key can say the
 do not know::
 
     x-compose2sif:
-      ports:
-        8000: {env: PORT}           # the service reads its port from $PORT
-        9000: {flag: --port}        # ... or from `--port N` on its command line
+      ports:                        # (keys quoted: Compose allows only string keys)
+        "8000": {env: PORT}         # the service reads its port from $PORT
+        "9000": {flag: --port}      # ... or from `--port N` on its command line
       bind_address: {env: HOST}     # ... and its listen address from $HOST
       writable: [/var/lib/app]      # paths it writes inside the image
 """

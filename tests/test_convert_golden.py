@@ -1,0 +1,76 @@
+"""`compose2sif convert` output, file by file, against golden files; and the generated run.sh
+passes `bash -n` and shellcheck. Regenerate the golden files after an intended change with
+    UPDATE_GOLDEN=1 python3 -m pytest tests/test_convert_golden.py
+"""
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from compose2sif import render
+from compose2sif.load import ProjectOptions, load_project
+from compose2sif.plan import PlanOptions, build_plan, image_definitions
+
+HERE = Path(__file__).resolve().parent
+CASES = {"e2e-stack": HERE / "e2e" / "stack", "llm-chat": HERE.parent / "stacks" / "llm-chat"}
+GOLDEN = HERE / "golden"
+
+
+def convert(source: Path, tmp_path: Path) -> Path:
+    project_dir = tmp_path / "project"
+    shutil.copytree(source, project_dir, ignore=shutil.ignore_patterns("*.gguf"))
+    project = load_project(ProjectOptions(cwd=str(project_dir), environ={"HOME": "/home/user"}))
+    options = PlanOptions(registry_mirror="127.0.0.1:5000", port_base=30000, busy_ports=set())
+    out = tmp_path / "out"
+    render.write(build_plan(project, options), image_definitions(project, options), str(out))
+    return out
+
+
+def normalised(out: Path, tmp_path: Path):
+    files = {}
+    for path in sorted(out.rglob("*")):
+        rel = path.relative_to(out).as_posix()
+        if path.is_file() and rel != "hosts":  # hosts holds this machine's /etc/hosts
+            text = path.read_text().replace(str(tmp_path / "project"), "<PROJECT>")
+            # a definition's digest covers the absolute paths in it, which differ from run to run
+            files[rel] = re.sub(r'"digest": "[0-9a-f]{64}"', '"digest": "<sha256>"', text)
+    return files
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_convert_output_matches_golden_files(case, tmp_path):
+    files = normalised(convert(CASES[case], tmp_path), tmp_path)
+    golden = GOLDEN / case
+    if os.environ.get("UPDATE_GOLDEN"):
+        shutil.rmtree(golden, ignore_errors=True)
+        for rel, text in files.items():
+            (golden / rel).parent.mkdir(parents=True, exist_ok=True)
+            (golden / rel).write_text(text)
+    expected = {p.relative_to(golden).as_posix(): p.read_text() for p in sorted(golden.rglob("*")) if p.is_file()}
+    assert sorted(files) == sorted(expected)
+    for rel in files:
+        assert files[rel] == expected[rel], f"{rel} differs from tests/golden/{case}/{rel}"
+
+
+def test_output_is_private(tmp_path):
+    out = convert(CASES["e2e-stack"], tmp_path)
+    assert out.stat().st_mode & 0o777 == 0o700
+    for env_file in (out / "env").iterdir():
+        assert env_file.stat().st_mode & 0o777 == 0o600
+    assert "change-me-too" not in (out / "run.sh").read_text()  # secrets stay in the env files
+    assert "change-me-too" not in (out / "plan.json").read_text()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_run_sh_is_valid_bash_and_shellcheck_clean(case, tmp_path):
+    script = convert(CASES[case], tmp_path) / "run.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    if shutil.which("shellcheck") is None:
+        if os.environ.get("CI"):
+            pytest.fail("shellcheck is not installed (.ci/run installs it)")
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    proc = subprocess.run(["shellcheck", "-s", "bash", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
