@@ -126,8 +126,9 @@ def _key_values(args: str) -> List[Tuple[str, str]]:
 
 
 def convert(dockerfile: str, context: str, build_args: Dict[str, Optional[str]], target: Optional[str],
-            where: str) -> ConvertedDockerfile:
-    """Convert Dockerfile text. ``context`` is the absolute build context directory."""
+            where: str, image_ref=lambda image: image) -> ConvertedDockerfile:
+    """Convert Dockerfile text. ``context`` is the absolute build context directory;
+    ``image_ref`` maps a FROM image to the reference to pull (a registry mirror)."""
     warnings: List[str] = []
     stages: List[Stage] = []
     global_args: Dict[str, str] = {}
@@ -254,6 +255,9 @@ def convert(dockerfile: str, context: str, build_args: Dict[str, Optional[str]],
             raise ComposeError(f"{where}: build target {target!r} is not a stage of the Dockerfile")
         final = matching[0]
     needed = _needed_stages(stages, final)
+    for stage in needed:
+        if stage.base != "scratch":
+            stage.base = image_ref(stage.base)
     return ConvertedDockerfile(definition=_render(needed, final), workdir=final.workdir,
                                exposed=final.exposed, user=final.user, warnings=warnings)
 

@@ -123,7 +123,7 @@ def plan_images(services: List[Service], working_dir: str, mirror: Optional[str]
                     _key(os.path.basename(path).split(".")[0]), kind, path,
                     _definition(f"Bootstrap: {kind}\nFrom: {path}\n", f"{kind} {path}")))
         elif service.build is not None:
-            source = add(f"build:{service.name}", lambda: _build_source(service, working_dir))
+            source = add(f"build:{service.name}", lambda: _build_source(service, working_dir, mirror))
         elif service.image:
             image = service.image
             source = add(f"docker:{image}", lambda: ImageSource(
@@ -135,7 +135,7 @@ def plan_images(services: List[Service], working_dir: str, mirror: Optional[str]
     return sources
 
 
-def _build_source(service: Service, working_dir: str) -> ImageSource:
+def _build_source(service: Service, working_dir: str, mirror: Optional[str]) -> ImageSource:
     build = service.build or {}
     context = build.get("context") or working_dir
     if "://" in context or context.startswith(("git@", "github.com/")):
@@ -156,7 +156,7 @@ def _build_source(service: Service, working_dir: str) -> ImageSource:
     if isinstance(args, list):
         args = dict(a.split("=", 1) if "=" in a else (a, None) for a in args)
     converted = dockerfile.convert(text, context, {k: (None if v is None else str(v)) for k, v in args.items()},
-                                   build.get("target"), name)
+                                   build.get("target"), name, lambda image: docker_reference(image, mirror))
     key = _key(service.image) if service.image else _key(f"build-{service.name}")
     header = converted.definition
     definition = f"# built from {name}\n{header}\n{STARTSCRIPT}"

@@ -183,3 +183,18 @@ def test_run_sh_works_without_python(stack):
     proc = node.run(f"cd ~ && {OUT}/run.sh logs init", hide_python=True)
     assert "init: tables ready" in proc.stdout
     node.run(f"cd ~ && {OUT}/run.sh down", hide_python=True, check=True, timeout=300)
+
+
+def test_service_built_from_a_dockerfile(node):
+    node.copy_stack("build-stack", source="build-stack")
+    node.run("cd ~ && rm -rf build-out")
+    proc = node.c2s(f"-f build-stack/compose.yaml up -d --registry-mirror {node.registry} -o build-out", timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    assert "building --fakeroot" in proc.stderr or "up to date" in proc.stderr or "taken from" in proc.stderr
+    for _ in range(50):
+        logs = node.run("cd ~ && build-out/run.sh logs hello").stdout
+        if logs.strip():
+            break
+        time.sleep(0.2)
+    assert logs.strip() == "hi built /opt/app"  # ENV, RUN's file, WORKDIR
+    node.run("cd ~ && build-out/run.sh down", check=True, timeout=300)

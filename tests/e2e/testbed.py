@@ -60,11 +60,13 @@ class Node:
     def c2s(self, args: str, **kw):
         return self.run(f"cd ~ && python3 -m compose2sif {args}", **kw)
 
-    def copy_stack(self, name: str) -> Path:
+    def copy_stack(self, name: str, source: str = "stack") -> Path:
         target = self.home / name
         shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(HERE / "stack", target)
-        subprocess.run([sys.executable, str(HERE / "tiny_model.py"), str(target / "models" / "tiny.gguf")], check=True)
+        shutil.copytree(HERE / source, target)
+        if (target / "models").is_dir():  # the stack serves a model: write the tiny one
+            subprocess.run([sys.executable, str(HERE / "tiny_model.py"), str(target / "models" / "tiny.gguf")],
+                           check=True)
         subprocess.run(["chown", "-R", "1000:1000", str(target)], check=True)
         return target
 
