@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from typing import List, Optional
 
@@ -85,7 +86,8 @@ def _previous_ports(out_dir: str) -> set:
     return {p["host"] for s in plan.get("services", []) for p in s.get("ports", [])}
 
 
-def _convert(project, output, registry_mirror=None, image_sources=(), port_base=None, offline=False):
+def _convert(project, output, registry_mirror=None, image_sources=(), port_base=None, offline=False,
+             tls=False, tls_cert=None, tls_key=None):
     from compose2sif import registry, render
     from compose2sif.plan import PlanOptions, build_plan, image_definitions
     from compose2sif.plan.ports import listening_ports
@@ -97,8 +99,11 @@ def _convert(project, output, registry_mirror=None, image_sources=(), port_base=
         if not sep:
             raise ComposeError(f"--image-source {item}: expected SERVICE=KIND:PATH")
         sources[service] = spec
+    if bool(tls_cert) != bool(tls_key):
+        raise ComposeError("--tls-cert and --tls-key go together")
     options = PlanOptions(registry_mirror=registry_mirror, image_sources=sources, port_base=port_base,
-                          busy_ports=listening_ports() - _previous_ports(out_dir))
+                          busy_ports=listening_ports() - _previous_ports(out_dir), tls=bool(tls or tls_cert),
+                          tls_files=(os.path.abspath(tls_cert), os.path.abspath(tls_key)) if tls_cert else None)
     images = image_definitions(project, options)
     if not offline:
         for source in images.values():
@@ -117,6 +122,8 @@ def _convert(project, output, registry_mirror=None, image_sources=(), port_base=
     for warning in plan.warnings + extra:
         if warning not in project.warnings:
             click.echo(f"WARN {warning}", err=True)
+    for service, port in ((plan.tls or {}).get("ports") or {}).items():
+        click.echo(f"HTTPS: service {service} serves https://{socket.getfqdn()}:{port}/ (--tls)")
     return plan, out_dir
 
 
@@ -127,11 +134,15 @@ def _convert(project, output, registry_mirror=None, image_sources=(), port_base=
               help="Take a service's image from a docker-archive, oci-archive or ready sif file (repeatable).")
 @click.option("--port-base", type=int, help="First port of the block the moved ports go to (default: per user and project).")
 @click.option("--offline", is_flag=True, help="Do not ask registries for image configurations.")
+@click.option("--tls", is_flag=True, help="Serve HTTPS from the nginx service(s) with a self-signed certificate.")
+@click.option("--tls-cert", metavar="FILE", help="Certificate for --tls instead of a self-signed one.")
+@click.option("--tls-key", metavar="FILE", help="Private key of --tls-cert.")
 @click.pass_obj
-def convert(state: _State, output, registry_mirror, image_sources, port_base, offline):
+def convert(state: _State, output, registry_mirror, image_sources, port_base, offline, tls, tls_cert, tls_key):
     """Write Singularity definitions, run.sh, env files, hosts and plan.json for the project."""
     project = state.load()
-    plan, out_dir = _convert(project, output, registry_mirror, image_sources, port_base, offline)
+    plan, out_dir = _convert(project, output, registry_mirror, image_sources, port_base, offline,
+                             tls, tls_cert, tls_key)
     click.echo(f"wrote {out_dir}: {len(plan.images)} image definition(s), {len(plan.services)} service(s); "
                f"next: {os.path.relpath(out_dir)}/run.sh build && {os.path.relpath(out_dir)}/run.sh up -d")
 
@@ -157,15 +168,19 @@ def build(state: _State, output):
 @click.option("--image-source", "image_sources", multiple=True, metavar="SERVICE=KIND:PATH")
 @click.option("--port-base", type=int)
 @click.option("--offline", is_flag=True)
+@click.option("--tls", is_flag=True)
+@click.option("--tls-cert", metavar="FILE")
+@click.option("--tls-key", metavar="FILE")
 @click.argument("services", nargs=-1)
 @click.pass_obj
-def up(state: _State, output, detach, registry_mirror, image_sources, port_base, offline, services):
+def up(state: _State, output, detach, registry_mirror, image_sources, port_base, offline, tls, tls_cert, tls_key,
+       services):
     """Convert, build what is missing, and start the services in dependency order."""
     from compose2sif.runtime import detect, run_script
     if detect() is None:
         raise ComposeError("neither apptainer nor singularity is on PATH (try: module load apptainer)")
     project = state.load()
-    _, out_dir = _convert(project, output, registry_mirror, image_sources, port_base, offline)
+    _, out_dir = _convert(project, output, registry_mirror, image_sources, port_base, offline, tls, tls_cert, tls_key)
     rc = run_script(out_dir, ["build"])
     if rc != 0:
         sys.exit(rc)

@@ -133,11 +133,43 @@ def hosts_names(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _tls_files(plan: Plan, out_dir: str) -> None:
+    """The certificate and key for --tls: the given files, or a self-signed pair made once."""
+    import shutil
+    import socket
+    import subprocess
+    from compose2sif.errors import ComposeError
+    cert, key = (os.path.join(out_dir, plan.tls["cert"]), os.path.join(out_dir, plan.tls["key"]))
+    os.makedirs(os.path.dirname(cert), mode=0o700, exist_ok=True)
+    if plan.tls["source"]:
+        for source, target in zip(plan.tls["source"], (cert, key)):
+            try:
+                shutil.copyfile(source, target)
+            except OSError as exc:
+                raise ComposeError(f"--tls-cert/--tls-key: cannot read {source}: {exc.strerror}") from None
+            os.chmod(target, 0o600)
+        return
+    if os.path.exists(cert) and os.path.exists(key):
+        return
+    if shutil.which("openssl") is None:
+        raise ComposeError("--tls needs openssl to make a self-signed certificate (or pass --tls-cert and --tls-key)")
+    host = socket.getfqdn()
+    proc = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "825",
+                           "-subj", f"/CN={host}", "-addext", f"subjectAltName=DNS:{host},DNS:localhost,IP:127.0.0.1",
+                           "-keyout", key, "-out", cert], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ComposeError(f"openssl could not make a certificate: {proc.stderr.strip().splitlines()[-1:]}")
+    os.chmod(key, 0o600)
+    os.chmod(cert, 0o644)
+
+
 def write(plan: Plan, images: Dict[str, ImageSource], out_dir: str) -> List[str]:
     """Write every file; returns the warnings found while writing."""
     warnings: List[str] = []
     os.makedirs(out_dir, mode=0o700, exist_ok=True)
     os.chmod(out_dir, 0o700)
+    if plan.tls:
+        _tls_files(plan, out_dir)
     for key, source in images.items():
         _write(os.path.join(out_dir, "definitions", f"{key}.def"), source.definition, 0o644)
     os.makedirs(os.path.join(out_dir, "sif"), exist_ok=True)

@@ -80,6 +80,7 @@ class Plan:
     services: List[ServicePlan]
     configs: Dict[str, str]           # rendered config files: path in the output dir -> content
     warnings: List[str]
+    tls: Optional[Dict[str, Any]] = None  # {"cert", "key": paths in the output dir, "source": given files or None}
 
     def service(self, name: str) -> ServicePlan:
         return next(s for s in self.services if s.name == name)
@@ -101,6 +102,8 @@ class PlanOptions:
     uid: Optional[int] = None
     busy_ports: Optional[set] = None                              # default: what listens on this node
     image_configs: Dict[str, Any] = field(default_factory=dict)   # image ref -> registry.ImageConfig
+    tls: bool = False                                             # HTTPS in front of each nginx service
+    tls_files: Optional[Tuple[str, str]] = None                   # (cert, key); default: a self-signed pair
 
 
 def _instance_name(project: str, service: Service) -> str:
@@ -270,6 +273,7 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
     configs: Dict[str, str] = {}
     plans: List[ServicePlan] = []
     unknown_workdir: List[str] = []
+    tls_ports: Dict[str, int] = {}
     for name, service in services.items():
         profile = profiles[name]
         mine = {c: a for (s, c), a in assignments.items() if s == name}
@@ -342,6 +346,8 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
             rendered, binds, nginx_warnings = nginx.render_configs(service, env, mine, refs, binds)
             svc_warnings += nginx_warnings
             configs.update(rendered)
+            if options.tls:
+                binds = _add_tls(name, mine, port_plans, binds, configs, svc_warnings, tls_ports)
         source = images[image_of[name]]
         image_config = options.image_configs.get(service.image or "")
         workdir = service.working_dir or source.workdir or (image_config.workdir if image_config else None)
@@ -376,11 +382,41 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
             if ip == "host-gateway":
                 ip = "127.0.0.1"
             extra_hosts.append((host, ip))
-    return Plan(project=project.name, compose_files=project.files, state_dir=STATE, port_base=base,
+    tls = None
+    if options.tls:
+        tls = {"cert": "tls/cert.pem", "key": "tls/key.pem", "ports": tls_ports,
+               "source": list(options.tls_files) if options.tls_files else None}
+        if not tls_ports:
+            warnings.append("--tls: no nginx service to serve HTTPS; nothing was changed")
+    return Plan(project=project.name, compose_files=project.files, state_dir=STATE, port_base=base, tls=tls,
                 host_names=host_names, extra_hosts=sorted(set(extra_hosts)),
                 images={k: {"kind": s.kind, "ref": s.ref, "services": s.services, "definition": f"definitions/{k}.def",
                             "sif": f"sif/{k}.sif", "digest": s.digest} for k, s in images.items()},
                 services=plans, configs=configs, warnings=_dedupe(warnings))
+
+
+def _add_tls(name: str, ports: Dict[int, PortAssignment], port_plans: List[PortPlan], binds: List[Bind],
+             configs: Dict[str, str], warnings: List[str], tls_ports: Dict[str, int]) -> List[Bind]:
+    """HTTPS for an nginx service: a TLS server on its port 443 plan, forwarding to its port 80."""
+    http, tls = ports.get(80), ports.get(443)
+    if http is None or tls is None:
+        warnings.append(f"service {name!r}: --tls needs nginx listening on port 80; HTTPS not added")
+        return binds
+    published = http.published or tls.published
+    address = "0.0.0.0" if published else "127.0.0.1"
+    for port_plan in port_plans:
+        if port_plan.container == 443:
+            port_plan.how, port_plan.address, port_plan.published = "tls", address, published
+    tls_ports[name] = tls.host
+    extra = [Bind("tls", nginx.TLS_DIR, True, "config", False)]
+    conf_d = next((b for b in binds if b.target == "/etc/nginx/conf.d" and b.kind == "config"), None)
+    if conf_d is not None:  # our rendered conf.d is bound: the TLS server goes into it
+        configs[f"{conf_d.source}/compose2sif-tls.conf"] = nginx.tls_config(address, tls.host, http.host)
+    else:
+        path = f"config/{name}/tls/compose2sif-tls.conf"
+        configs[path] = nginx.tls_config(address, tls.host, http.host)
+        extra.append(Bind(path, "/etc/nginx/conf.d/compose2sif-tls.conf", True, "config", False))
+    return binds + extra
 
 
 def image_definitions(project: Project, options: Optional[PlanOptions] = None) -> Dict[str, ImageSource]:

@@ -129,3 +129,33 @@ def _add(targets, path, target, env, ports, refs, service) -> bool:
         targets[target] = _render_file(path, env, ports, refs, service, template=False)
         return True
     return False
+
+
+TLS_DIR = "/etc/compose2sif/tls"
+
+
+def tls_config(address: str, tls_port: int, http_port: int) -> str:
+    """A TLS server in front of the service's own plain HTTP listener."""
+    return f"""# compose2sif --tls: HTTPS on {address}:{tls_port}, forwarded to this nginx's own HTTP listener
+map $http_upgrade $c2s_connection {{
+    default upgrade;
+    ''      close;
+}}
+server {{
+    listen {address}:{tls_port} ssl;
+    ssl_certificate {TLS_DIR}/cert.pem;
+    ssl_certificate_key {TLS_DIR}/key.pem;
+    ssl_protocols TLSv1.2 TLSv1.3;
+    client_max_body_size 0;
+    location / {{
+        proxy_pass http://127.0.0.1:{http_port};
+        proxy_http_version 1.1;
+        proxy_set_header Host $host;
+        proxy_set_header X-Forwarded-Proto https;
+        proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+        proxy_set_header Upgrade $http_upgrade;
+        proxy_set_header Connection $c2s_connection;
+        proxy_read_timeout 3600s;
+    }}
+}}
+"""

@@ -198,3 +198,16 @@ def test_service_built_from_a_dockerfile(node):
         time.sleep(0.2)
     assert logs.strip() == "hi built /opt/app"  # ENV, RUN's file, WORKDIR
     node.run("cd ~ && build-out/run.sh down", check=True, timeout=300)
+
+
+def test_tls_serves_https_with_a_self_signed_certificate(stack):
+    node = stack
+    proc = node.c2s(f"-p c2s-tls -f {STACK}/compose.yaml up -d --tls --registry-mirror {node.registry} -o out-tls",
+                    timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    port = re.search(r"serves https://\S+:(\d+)/", proc.stdout).group(1)
+    reply = node.run(f"curl -fsS --cacert ~/out-tls/tls/cert.pem https://localhost:{port}/api/notes", timeout=60)
+    assert reply.returncode == 0, reply.stderr
+    assert json.loads(reply.stdout) == {"notes": [], "count": 0}
+    assert (node.home / "out-tls" / "tls" / "key.pem").stat().st_mode & 0o777 == 0o600
+    node.run("cd ~ && out-tls/run.sh down -v", check=True, timeout=300)

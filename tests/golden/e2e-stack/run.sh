@@ -798,8 +798,9 @@ build_one() {
     if "$RT" build --force "${flags[@]}" "$sif.tmp" "$def" >"$log" 2>&1; then
         mv -f "$sif.tmp" "$sif"
         printf '%s\n' "$digest" >"$sif.digest"
-        (umask 077 && mkdir -p "$SIF_CACHE") && { ln -f "$sif" "$SIF_CACHE/$digest.sif" 2>/dev/null ||
-            cp -f "$sif" "$SIF_CACHE/$digest.sif.tmp" && mv -f "$SIF_CACHE/$digest.sif.tmp" "$SIF_CACHE/$digest.sif"; }
+        if (umask 077 && mkdir -p "$SIF_CACHE") && ! ln -f "$sif" "$SIF_CACHE/$digest.sif" 2>/dev/null; then
+            cp -f "$sif" "$SIF_CACHE/$digest.sif.tmp" && mv -f "$SIF_CACHE/$digest.sif.tmp" "$SIF_CACHE/$digest.sif"
+        fi
         note "image $key: built"
     else
         rm -f "$sif.tmp"
