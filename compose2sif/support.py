@@ -141,8 +141,8 @@ def unsupported_keys(service: dict) -> List[str]:
 def render_markdown() -> str:
     lines = ["# Compose keys and what compose2sif does with them", "",
              "Generated from `compose2sif/support.py` by `python -m compose2sif.support`; do not edit.", "",
-             "The loader (`compose2sif config`) reads every key below and prints the warnings for unsupported "
-             "ones today; the conversion to Apptainer that the notes describe arrives with `convert`/`up`.", "",
+             "`compose2sif config` and `convert` read every key below; `convert` records what it did in "
+             "plan.json, and unsupported keys are warned about by name.", "",
              "| key | support | what compose2sif does |", "| --- | --- | --- |"]
     for key in sorted(SERVICE_KEYS):
         entry = SERVICE_KEYS[key]

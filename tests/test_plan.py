@@ -237,3 +237,21 @@ def test_bad_hint_is_one_clear_error(tmp_path):
                 image: example/app
                 x-compose2sif: {ports: {"http": {env: PORT}}}
         """)
+
+
+def test_redis_password_moves_off_the_command_line(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          redis:
+            image: redis:7
+            command: redis-server /usr/local/etc/redis/redis.conf --requirepass 's3"cr\\et' --appendonly yes
+            healthcheck: {test: ["CMD", "redis-cli", "-a", 's3"cr\\et', "ping"]}
+    """)
+    redis = plan.service("redis")
+    assert not any("s3" in arg for arg in redis.launch)
+    assert redis.launch[1:3] == ["redis-server", "/etc/compose2sif/redis.conf"]
+    assert "-a" not in redis.healthcheck["test"]
+    assert redis.environment["REDISCLI_AUTH"] == 's3"cr\\et'
+    conf = plan.configs["config/redis/redis/compose2sif.conf"]
+    assert conf == 'include /usr/local/etc/redis/redis.conf\nrequirepass "s3\\"cr\\\\et"\n'
+    assert not any("command line carries a secret" in w for w in plan.warnings)

@@ -328,6 +328,10 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
             if launch is not None:
                 for flag, value in flags:
                     launch = launch + [flag, value] if flag == "-c" else _set_flag(launch, flag, value)
+        if launch and profile and "redis" in profile.match and "--requirepass" in launch:
+            launch = _redis_password_to_file(name, launch, env, binds_extra := [], configs)
+        else:
+            binds_extra = []
         if launch and _secret_on_command_line(launch):
             svc_warnings.append(f"service {name!r}: its command line carries a secret ({_secret_on_command_line(launch)}); "
                                 "every user of the node can read it with `ps`")
@@ -336,11 +340,14 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
             test = [refs.rewrite(a, name) for a in service.healthcheck.test]
             if profile and "redis" in profile.match and 6379 in mine and mine[6379].moved:
                 test = _redis_cli_port(test, mine[6379].host)
+            if profile and "redis" in profile.match:
+                test = _redis_cli_auth(test, env)
             healthcheck = {"test": test, "interval": service.healthcheck.interval,
                            "timeout": service.healthcheck.timeout, "retries": service.healthcheck.retries,
                            "start_period": service.healthcheck.start_period,
                            "start_interval": service.healthcheck.start_interval}
         binds, bind_warnings = _binds(service, project, profile)
+        binds += binds_extra
         svc_warnings += bind_warnings
         if profile and "nginx" in profile.match:
             rendered, binds, nginx_warnings = nginx.render_configs(service, env, mine, refs, binds)
@@ -433,6 +440,47 @@ def _secret_on_command_line(argv: List[str]) -> Optional[str]:
         if _SECRET_FLAG.match(arg.split("=", 1)[0]) and (argv[i + 1] or "=" in arg):
             return arg.split("=", 1)[0]
     return None
+
+
+REDIS_SECRETS = "/etc/compose2sif/redis.conf"
+
+
+def _redis_password_to_file(name: str, launch: List[str], env: Dict[str, str], binds: List[Bind],
+                            configs: Dict[str, str]) -> List[str]:
+    """`redis-server ... --requirepass SECRET` would show SECRET to every user of the node in `ps`.
+    Move it into a private config file (which includes the service's own config file, if any)."""
+    i = launch.index("--requirepass")
+    if i + 1 >= len(launch):
+        return launch
+    secret = launch[i + 1]
+    argv = launch[:i] + launch[i + 2:]
+    server = next((k for k, a in enumerate(argv) if a.endswith("redis-server")), None)
+    if server is None:
+        return launch
+    lines = []
+    if server + 1 < len(argv) and not argv[server + 1].startswith("-"):
+        lines.append(f"include {argv.pop(server + 1)}")
+    quoted = secret.replace("\\", "\\\\").replace('"', '\\"')
+    lines.append(f'requirepass "{quoted}"')
+    path = f"config/{name}/redis/compose2sif.conf"
+    configs[path] = "\n".join(lines) + "\n"
+    binds.append(Bind(path, REDIS_SECRETS, True, "config", False))
+    env.setdefault("REDISCLI_AUTH", secret)  # redis-cli (healthchecks, exec) authenticates from it
+    return argv[:server + 1] + [REDIS_SECRETS] + argv[server + 1:]
+
+
+def _redis_cli_auth(test: List[str], env: Dict[str, str]) -> List[str]:
+    """`redis-cli -a SECRET` in a healthcheck: authenticate through REDISCLI_AUTH instead."""
+    if test and test[0] == "CMD" and "-a" in test[:-1]:
+        i = test.index("-a")
+        env.setdefault("REDISCLI_AUTH", test[i + 1])
+        return test[:i] + test[i + 2:]
+    if test and test[0] == "CMD-SHELL":
+        match = re.search(r"\s-a\s+(\"[^\"]*\"|'[^']*'|\S+)", test[1])
+        if match:
+            env.setdefault("REDISCLI_AUTH", shlex.split(match.group(1))[0])
+            return [test[0], test[1][:match.start()] + test[1][match.end():]]
+    return test
 
 
 def _redis_cli_port(test: List[str], port: int) -> List[str]:

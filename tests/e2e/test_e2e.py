@@ -74,6 +74,8 @@ def test_request_goes_through_nginx_api_postgres_redis_and_the_model(stack):
     assert note["text"] == "hello world" and note["result"] == "HELLO WORLD"  # written by the worker
     assert json.loads(note["completion"])["tokens"] == 8
     assert notes["count"] >= 1  # kept in Redis
+    # secrets never on a command line: every user of the node can read those
+    assert not [p for p in node.processes() if "change-me" in p]
 
 
 def test_down_leaves_no_instance_and_no_process(stack):

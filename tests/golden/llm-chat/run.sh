@@ -84,11 +84,11 @@ svc_redis() {
     S_GPUS=()
     S_WRITABLE_TMPFS=0
     S_DEPENDS=()
-    S_BINDS=(state/volumes/redisdata:/data state/services/redis/scratch/tmp:/tmp)
+    S_BINDS=(state/volumes/redisdata:/data state/services/redis/scratch/tmp:/tmp config/redis/redis/compose2sif.conf:/etc/compose2sif/redis.conf:ro)
     S_MKDIRS=(state/volumes/redisdata state/services/redis/scratch/tmp)
     S_EMPTY=(state/services/redis/scratch/tmp)
     S_PORTS=(30004)
-    S_HEALTH=(CMD redis-cli -p 30004 -a 'change me too' ping)
+    S_HEALTH=(CMD redis-cli -p 30004 ping)
     S_HEALTH_INTERVAL=30.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=3
     S_HEALTH_START_PERIOD=0.0 S_HEALTH_START_INTERVAL=5.0
     S_STOP_SIGNAL=SIGTERM
