@@ -102,7 +102,7 @@ def _seconds(value: Optional[str], default: float) -> float:
     return default if value is None else parse_duration(value) / 1e9
 
 
-def _healthcheck(config: Optional[Dict[str, Any]], image_default: Optional[Healthcheck] = None) -> Optional[Healthcheck]:
+def _healthcheck(config: Optional[Dict[str, Any]]) -> Optional[Healthcheck]:
     if config is None:
         return None
     if config.get("disable"):

@@ -16,7 +16,7 @@ import json
 import os
 import re
 import shlex
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import jinja2
 

@@ -25,7 +25,7 @@ def detect() -> Optional[Tuple[str, str]]:
     return None
 
 
-def run_script(out_dir: str, args: List[str], check: bool = True) -> int:
+def run_script(out_dir: str, args: List[str]) -> int:
     """Run ``out_dir/run.sh ARGS`` with the caller's terminal and environment."""
     script = os.path.join(out_dir, "run.sh")
     if not os.path.isfile(script):

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from oracle import oracle_mark, SHARED, binary, differences, prepare_case, run_oracle, run_ours
+from oracle import SHARED, differences, oracle_mark, prepare_case, run_oracle, run_ours
 
 CORPUS = sorted((Path(__file__).parent / "corpus").iterdir())
 INVALID = sorted((Path(__file__).parent / "corpus-invalid").iterdir())

@@ -1,13 +1,11 @@
 """The planner: port remapping, reference rewriting, binds, levels, GPUs, warnings."""
-import json
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from compose2sif.load import ProjectOptions, load_project
 from compose2sif.plan import PlanOptions, build_plan
-from compose2sif.plan.ports import PortRequest, References, allocate, default_base
+from compose2sif.plan.ports import PortRequest, allocate, default_base
 from compose2sif.plan.knowledge import Setter, repository
 
 

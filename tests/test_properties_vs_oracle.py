@@ -3,13 +3,12 @@ compose2sif exactly as Docker Compose reads them (the oracle binary)."""
 import json
 import os
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compose2sif.errors import ComposeError
 from compose2sif.load import ProjectOptions, load_project
-from oracle import oracle_mark, base_env, binary, run_oracle, unescape
+from oracle import base_env, oracle_mark, run_oracle, unescape
 
 pytestmark = oracle_mark()
 

@@ -4,7 +4,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 
 from compose2sif.support import EMULATED, HANDLED, SERVICE_KEYS, UNSUPPORTED, render_markdown
 from oracle import oracle_mark, base_env, binary, run_ours

@@ -7,7 +7,6 @@ The plan is plain data (``Plan.to_json()`` is plan.json).
 """
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from dataclasses import asdict, dataclass, field
@@ -15,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from compose2sif.errors import ComposeError
 from compose2sif.load import Project
-from compose2sif.model import Mount, Service, services as typed_services
+from compose2sif.model import Service, services as typed_services
 from compose2sif.plan import nginx
 from compose2sif.plan.images import ImageSource, plan_images
 from compose2sif.plan.knowledge import ImageProfile, Setter, hint_setter, profile_for

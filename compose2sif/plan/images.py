@@ -109,7 +109,6 @@ def plan_images(services: List[Service], working_dir: str, mirror: Optional[str]
             kind, path = next(iter(override.items()))
             path = os.path.normpath(os.path.join(working_dir, os.path.expanduser(path)))
             if kind == "docker":
-                ref = path if not os.path.exists(path) else path
                 source = add(f"docker:{override['docker']}", lambda: ImageSource(
                     _key(override["docker"]), "docker", override["docker"],
                     _definition(f"Bootstrap: docker\nFrom: {docker_reference(override['docker'], mirror)}\n",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 TEMPLATE_DIR = "/etc/nginx/templates"
 OUTPUT_DIR = "/etc/nginx/conf.d"
@@ -32,13 +32,12 @@ def rewrite_ports(text: str, ports, refs, service: str) -> str:
         if plan is None:
             return m.group(0)
         if address and address.startswith("["):
-            new_address = "[::1]" if plan.address == "127.0.0.1" else "[::]"
+            address = "[::1]" if plan.address == "127.0.0.1" else "[::]"
         else:
-            new_address = plan.address
-        return f"{m.group(1)}{new_address}:{plan.host}{rest}"
+            address = plan.address
+        return f"{m.group(1)}{address}:{plan.host}{rest}"
 
-    text = re.sub(r"(\blisten\s+)(\[[^\]]*\]:|[\w.-]+:)?(\d+)([^;]*;)",
-                  lambda m: listen(_strip_colon(m)), text)
+    text = re.sub(r"(\blisten\s+)(?:(\[[^\]]*\]|[\w.-]+):)?(\d+)([^;]*;)", listen, text)
     text = refs.rewrite(text, service)
 
     def bare(m: "re.Match[str]") -> str:
@@ -46,23 +45,6 @@ def rewrite_ports(text: str, ports, refs, service: str) -> str:
         return f"{m.group(1)}://{m.group(2)}:{port}{m.group(3)}" if port else m.group(0)
 
     return re.sub(r"\b(https?)://([A-Za-z0-9_.-]+)([/;\s])", bare, text)
-
-
-class _Match:
-    """A listen match with the address's trailing colon removed."""
-
-    def __init__(self, m):
-        self._m = m
-
-    def group(self, i):
-        value = self._m.group(i)
-        if i == 2 and value:
-            return value[:-1]
-        return value
-
-
-def _strip_colon(m):
-    return _Match(m)
 
 
 def _render_file(path: str, env, ports, refs, service: str, template: bool) -> str:

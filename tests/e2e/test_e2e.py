@@ -213,3 +213,25 @@ def test_tls_serves_https_with_a_self_signed_certificate(stack):
     assert json.loads(reply.stdout) == {"notes": [], "count": 0}
     assert (node.home / "out-tls" / "tls" / "key.pem").stat().st_mode & 0o777 == 0o600
     node.run("cd ~ && out-tls/run.sh down -v", check=True, timeout=300)
+
+
+def test_gpu_services_get_disjoint_devices(node):
+    node.copy_stack("gpu-stack", source="gpu-stack")
+    proc = node.c2s(f"-f gpu-stack/compose.yaml convert --registry-mirror {node.registry} -o gpu-out", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    proc = node.run("cd ~ && gpu-out/run.sh build && CUDA_VISIBLE_DEVICES=4,5,6,7 gpu-out/run.sh up -d", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    seen = {}
+    for service in ("train", "serve", "monitor"):
+        for _ in range(50):
+            out = node.run(f"cd ~ && gpu-out/run.sh logs {service}").stdout
+            if "gpus=" in out:
+                break
+            time.sleep(0.2)
+        seen[service] = out.split("gpus=")[1].split()[0]
+    assert {seen["train"], seen["serve"]} == {"4,5", "6,7"}  # in start order, disjoint
+    assert seen["monitor"] == "4,5,6,7"  # `all` shares every visible GPU
+    node.run("cd ~ && gpu-out/run.sh down", check=True, timeout=300)
+    proc = node.run("cd ~ && CUDA_VISIBLE_DEVICES=0,1,2 gpu-out/run.sh up -d", timeout=300)
+    assert proc.returncode != 0 and "wants 2 GPU(s) but only 3 are visible and 2 are taken" in proc.stderr
+    node.run("cd ~ && gpu-out/run.sh down", timeout=300)
