@@ -104,7 +104,12 @@ def _convert(project, output, registry_mirror=None, image_sources=(), port_base=
     options = PlanOptions(registry_mirror=registry_mirror, image_sources=sources, port_base=port_base,
                           busy_ports=listening_ports() - _previous_ports(out_dir), tls=bool(tls or tls_cert),
                           tls_files=(os.path.abspath(tls_cert), os.path.abspath(tls_key)) if tls_cert else None)
-    images = image_definitions(project, options)
+    try:
+        images = image_definitions(project, options)
+    except ComposeError as exc:
+        if exc.file is None and exc.path and exc.path.startswith("services."):
+            exc.file, exc.line = project.locate(exc.path.split(".")[1])
+        raise
     if not offline:
         for source in images.values():
             if source.kind != "docker":
@@ -117,7 +122,12 @@ def _convert(project, output, registry_mirror=None, image_sources=(), port_base=
             except Exception as exc:  # network, auth, odd registries: the plan just lacks it
                 click.echo(f"WARN could not read the configuration of image {source.ref} from its registry "
                            f"({type(exc).__name__}); its WORKDIR and exposed ports are unknown", err=True)
-    plan = build_plan(project, options)
+    try:
+        plan = build_plan(project, options)
+    except ComposeError as exc:  # point it at the service's definition
+        if exc.file is None and exc.path and exc.path.startswith("services."):
+            exc.file, exc.line = project.locate(exc.path.split(".")[1])
+        raise
     extra = render.write(plan, images, out_dir)
     for warning in plan.warnings + extra:
         if warning not in project.warnings:

@@ -1,5 +1,6 @@
 """The planner: port remapping, reference rewriting, binds, levels, GPUs, warnings."""
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -253,3 +254,18 @@ def test_redis_password_moves_off_the_command_line(tmp_path):
     conf = plan.configs["config/redis/redis/compose2sif.conf"]
     assert conf == 'include /usr/local/etc/redis/redis.conf\nrequirepass "s3\\"cr\\\\et"\n'
     assert not any("command line carries a secret" in w for w in plan.warnings)
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in (Path(__file__).parent / "corpus").iterdir()))
+def test_every_corpus_project_plans_or_fails_cleanly(case, tmp_path):
+    """No corpus project makes the planner crash: it plans, or says what is wrong in one error."""
+    from compose2sif.errors import ComposeError
+    from oracle import prepare_case
+    cwd, _, _, spec = prepare_case(Path(__file__).parent / "corpus" / case, tmp_path)
+    source = cwd
+    env = {"HOME": "/home/u", "SET": "v", "EMPTY": "", "BOTH": "h", **(spec.get("env") or {})}
+    try:
+        project = load_project(ProjectOptions(cwd=str(source), environ=env))
+        build_plan(project, PlanOptions(port_base=30000, busy_ports=set()))
+    except ComposeError as exc:
+        assert str(exc)
