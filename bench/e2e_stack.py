@@ -34,7 +34,7 @@ def main():
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     info = provision()
     with registry(info):
-        node = Node(Path(info["NODE"]), info["REGISTRY_PORT"])
+        node = Node(Path(info["NODE"]), info["REGISTRY_PORT"], info["HPC_UID"])
         node.copy_stack("bench-stack")
         node.c2s(f"-f bench-stack/compose.yaml convert --registry-mirror {node.registry} -o {OUT}", check=True)
         node.run(f"cd ~ && {OUT}/run.sh build", check=True, timeout=1500)

@@ -153,8 +153,10 @@ def convert(state: _State, output, registry_mirror, image_sources, port_base, of
     project = state.load()
     plan, out_dir = _convert(project, output, registry_mirror, image_sources, port_base, offline,
                              tls, tls_cert, tls_key)
+    shown = os.path.relpath(out_dir)
+    shown = out_dir if shown.startswith("..") else shown
     click.echo(f"wrote {out_dir}: {len(plan.images)} image definition(s), {len(plan.services)} service(s); "
-               f"next: {os.path.relpath(out_dir)}/run.sh build && {os.path.relpath(out_dir)}/run.sh up -d")
+               f"next: {shown}/run.sh build && {shown}/run.sh up -d")
 
 
 def _existing_output(state: _State, output: Optional[str]) -> str:

@@ -4,7 +4,6 @@ sid root filesystem (see provision.sh and testbed.py), with images served by a l
 Outside CI, without root, these tests are skipped with one line saying why. With CI=true a
 missing test bed is a failure, never a skip."""
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,9 +26,9 @@ def node():
     try:
         info = provision()
         with registry(info):
-            the_node = Node(Path(info["NODE"]), info["REGISTRY_PORT"])
-            subprocess.run(["pkill", "-9", "-u", "1000"], capture_output=True)  # leftovers of an earlier run
+            the_node = Node(Path(info["NODE"]), info["REGISTRY_PORT"], info["HPC_UID"])
+            the_node.kill_all()
             yield the_node
-            subprocess.run(["pkill", "-9", "-u", "1000"], capture_output=True)
+            the_node.kill_all()
     except RuntimeError as exc:
         _unavailable(str(exc))

@@ -19,15 +19,16 @@ mirror=${C2S_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 registry_port=${C2S_REGISTRY_PORT:-5000}
 node_packages=apptainer,squashfs-tools,uidmap,fuse2fs,squashfuse,fuse-overlayfs,python3,python3-yaml,python3-click,python3-jinja2,python3-requests,ca-certificates,curl,procps,iproute2,util-linux,bash,coreutils,gawk
 base_packages=ca-certificates,curl,python3
+hpc_uid=${C2S_TESTBED_UID:-61000}  # a uid no account of the host machine is likely to have
 hash() { sha256sum | cut -c1-16; }
-node="$base/node-$(echo "sid $node_packages" | hash)"
+node="$base/node-$(echo "sid $node_packages uid=$hpc_uid" | hash)"
 imgbase="$base/imgbase-$(echo "sid $base_packages" | hash)"
 image_key() {  # an image is rebuilt when its recipe, its files or the image base change
     (cat "$here/images/$1.image"; . "$here/images/$1.image"; for f in "${FILES[@]}"; do cat "$here/images/${f%%:*}"; done
      echo "$imgbase") | hash
 }
 all_keys=$(for r in "$here"/images/*.image; do n=$(basename "$r" .image); echo "$n $(image_key "$n")"; done; echo "$node")
-ready="$base/ready-$(echo "$all_keys" | hash)"
+ready="$base/ready-$(echo "$all_keys $registry_port" | hash)"
 dir="$base"
 
 log() { printf '[provision] %s\n' "$*" >&2; }
@@ -62,7 +63,7 @@ if [ ! -f "$node/.done" ]; then
     log "debootstrap the node (sid, apptainer)"
     debootstrap --variant=minbase --include="$node_packages" sid "$node" "$mirror" >"$node.log" 2>&1 ||
         { tail -20 "$node.log" >&2; exit 1; }
-    chroot "$node" useradd -m -s /bin/bash hpc
+    chroot "$node" useradd -m -s /bin/bash -u "$hpc_uid" -U hpc
     grep -q '^hpc:' "$node/etc/subuid" || echo 'hpc:100000:65536' >>"$node/etc/subuid"
     grep -q '^hpc:' "$node/etc/subgid" || echo 'hpc:100000:65536' >>"$node/etc/subgid"
     mkdir -p "$node/work" "$node/.oldroot"
@@ -149,5 +150,9 @@ stop_registry
 registry_pid=""
 chmod 0755 "$base"
 rm -f "$base"/ready-*
-printf 'NODE=%s\nREGISTRY_CONFIG=%s\nREGISTRY_PORT=%s\n' "$node" "$dir/registry.yml" "$registry_port" >"$ready"
+for old in "$base"/node-* "$base"/imgbase-*; do  # earlier recipes' trees (and their .log files)
+    case "$old" in "$node" | "$node.log" | "$imgbase" | "$imgbase.log") ;; *) rm -rf "$old" ;; esac
+done
+printf 'NODE=%s\nREGISTRY_CONFIG=%s\nREGISTRY_PORT=%s\nHPC_UID=%s\n' "$node" "$dir/registry.yml" "$registry_port" \
+    "$hpc_uid" >"$ready"
 cat "$ready"

@@ -159,7 +159,7 @@ def test_crash_at_start_names_the_service_with_its_log(stack):
     (node.home / STACK / "crash.yaml").write_text(
         "services:\n  worker:\n    command: [\"python3\", \"-c\", \"print('worker: boom'); raise SystemExit(3)\"]\n"
         "    restart: 'no'\n")
-    node.run(f"chown 1000:1000 ~/{STACK}/crash.yaml")
+    node.run(f"chown {node.uid}:{node.uid} ~/{STACK}/crash.yaml")
     node.run(f"cd ~ && {OUT}/run.sh down", timeout=300)
     proc = node.c2s(f"-f {STACK}/compose.yaml -f {STACK}/crash.yaml up -d --registry-mirror {node.registry} "
                     f"-o {OUT}", timeout=600)

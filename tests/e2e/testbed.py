@@ -43,8 +43,9 @@ def registry(info: Dict[str, str]):
 class Node:
     """Runs commands as `hpc` on the test bed's node (the repository is at /work there)."""
 
-    def __init__(self, root: Path, registry_port: str):
+    def __init__(self, root: Path, registry_port: str, uid: str):
         self.root = root
+        self.uid = uid  # hpc's uid, on the node and (shared process table) on the host
         self.home = root / "home" / "hpc"
         self.registry = f"127.0.0.1:{registry_port}"
 
@@ -67,10 +68,14 @@ class Node:
         if (target / "models").is_dir():  # the stack serves a model: write the tiny one
             subprocess.run([sys.executable, str(HERE / "tiny_model.py"), str(target / "models" / "tiny.gguf")],
                            check=True)
-        subprocess.run(["chown", "-R", "1000:1000", str(target)], check=True)
+        subprocess.run(["chown", "-R", f"{self.uid}:{self.uid}", str(target)], check=True)
         return target
 
     def processes(self):
-        """Command lines of every process of user hpc (uid 1000)."""
-        out = subprocess.run(["ps", "-u", "1000", "-o", "pid=,args="], capture_output=True, text=True).stdout
+        """Command lines of every process of user hpc."""
+        out = subprocess.run(["ps", "-u", self.uid, "-o", "pid=,args="], capture_output=True, text=True).stdout
         return [line.strip() for line in out.splitlines() if line.strip()]
+
+    def kill_all(self) -> None:
+        """Leftovers of an earlier run: every process of hpc (never a host account: see provision.sh)."""
+        subprocess.run(["pkill", "-9", "-u", self.uid], capture_output=True)
