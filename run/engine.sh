@@ -343,6 +343,7 @@ cmd_up() {
         esac
         shift
     done
+    for name in "${names[@]}"; do load_service "$name"; done  # unknown names end here, with a message
     detect_runtime
     prepare_state
     stop_supervisor  # one supervisor per project; a new one starts below

@@ -80,3 +80,15 @@ def test_run_sh_is_valid_bash_and_shellcheck_clean(case, tmp_path):
         pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
     proc = subprocess.run(["shellcheck", "-s", "bash", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_run_sh_rejects_bad_commands_without_touching_anything(tmp_path):
+    script = convert(CASES["e2e-stack"], tmp_path) / "run.sh"
+    for args, message in ((["up", "nosuch"], "no such service: nosuch"), (["frob"], "unknown command frob"),
+                          (["exec", "api"], "usage: exec SERVICE COMMAND")):
+        proc = subprocess.run([str(script), *args], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+        assert proc.returncode == 1 and message in proc.stderr, (args, proc.stderr)
+    assert not (script.parent / "state").exists()
+    proc = subprocess.run([str(script), "ps"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "C2S_RUNTIME": "/nonexistent/apptainer"})
+    assert proc.returncode == 1 and "/nonexistent/apptainer --version failed" in proc.stderr
