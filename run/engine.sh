@@ -50,16 +50,22 @@ instance_pid() {
         sed -n "s/.*\"instance\":\"$1\",\"pid\":\([0-9]*\).*/\1/p"
 }
 
-# Does any process have $1 as its parent? (the service runs under the instance's start script)
-has_children() {
+# The pid of a child of process $1 (the instance's init runs the start script, which runs the service).
+child_of() {
     local stat rest fields
     for stat in /proc/[0-9]*/stat; do
         rest=$(cat "$stat" 2>/dev/null) || continue
         read -r -a fields <<<"${rest##*) }"   # after "(comm) ": state ppid ...
-        [ "${fields[1]}" = "$1" ] && return 0
+        if [ "${fields[1]}" = "$1" ]; then
+            stat=${stat#/proc/}
+            echo "${stat%/stat}"
+            return 0
+        fi
     done
     return 1
 }
+
+has_children() { child_of "$1" >/dev/null; }
 
 # running: the instance exists and its start script still runs; exited: the instance exists
 # but the service ended (or was killed); absent: no instance.
@@ -446,13 +452,23 @@ cmd_supervise() {
     supervise
 }
 
+# Compose's stop: the stop signal to the service, up to stop_grace_period to end, then the instance
+# goes (killing what is left). The signal goes to the start script, which passes it on: the
+# instance's init does not forward `instance stop`'s signal to it.
 stop_service() {
-    local name=$1
+    local name=$1 pid script waited=0
     load_service "$name"
     touch "$RUNDIR/$name.stopped"
-    if [ -n "$(instance_pid "$S_INSTANCE")" ]; then
+    pid=$(instance_pid "$S_INSTANCE")
+    if [ -n "$pid" ]; then
         note "$name: stopping $S_INSTANCE"
-        "$RT" instance stop -s "$S_STOP_SIGNAL" -t "$S_STOP_GRACE" "$S_INSTANCE" >/dev/null 2>&1 ||
+        if script=$(child_of "$pid") && kill -s "${S_STOP_SIGNAL#SIG}" "$script" 2>/dev/null; then
+            while kill -0 "$script" 2>/dev/null && ((waited < S_STOP_GRACE * 5)); do
+                sleep 0.2
+                waited=$((waited + 1))
+            done
+        fi
+        "$RT" instance stop -t 1 "$S_INSTANCE" >/dev/null 2>&1 ||
             "$RT" instance stop -F "$S_INSTANCE" >/dev/null 2>&1 || true
     fi
     rm -f "$(status_file "$name")"
