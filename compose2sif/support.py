@@ -133,9 +133,10 @@ TOP_LEVEL_KEYS = ("version", "name", "include", "services", "networks", "volumes
                   "configs", "models")
 
 
-def unsupported_keys(service: dict) -> List[str]:
-    """The keys of one service that compose2sif cannot honour, in file order."""
-    return [k for k in service if k in SERVICE_KEYS and SERVICE_KEYS[k].status == UNSUPPORTED]
+def unsupported_warnings(name: str, service: dict) -> List[str]:
+    """One warning per key of this service that compose2sif cannot honour, in file order."""
+    return [f"service {name!r}: `{key}` is not supported under Apptainer: {SERVICE_KEYS[key].note}"
+            for key in service if key in SERVICE_KEYS and SERVICE_KEYS[key].status == UNSUPPORTED]
 
 
 def render_markdown() -> str:

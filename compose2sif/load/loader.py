@@ -27,7 +27,7 @@ from compose2sif.load.interpolate import interpolate_tree
 from compose2sif.load.merge import apply_resets, collect_resets, enforce_unicity, merge, merge_mappings
 from compose2sif.load.validate import validate
 from compose2sif.load.yaml_source import Document, load_documents
-from compose2sif.support import SERVICE_KEYS
+from compose2sif.support import unsupported_warnings
 
 DEFAULT_FILES = ("compose.yaml", "compose.yml", "docker-compose.yml", "docker-compose.yaml")
 OVERRIDE_FILES = ("compose.override.yml", "compose.override.yaml",
@@ -621,10 +621,7 @@ def load_project(options: ProjectOptions) -> Project:
         raise _locate(exc, ctx) from None
 
     for sname, service in active.items():
-        for key in service:
-            entry = SERVICE_KEYS.get(key)
-            if entry is not None and entry.status == "unsupported":
-                ctx.warnings.append(f"service {sname!r}: `{key}` is not supported under Apptainer: {entry.note}")
+        ctx.warnings.extend(unsupported_warnings(sname, service))
 
     return Project(name=name, working_dir=working_dir, files=files, environment=environment, model=model,
                    config=config, disabled=disabled, profiles=profiles, warnings=ctx.warnings, origins=ctx.origins)

@@ -19,7 +19,7 @@ from compose2sif.plan import nginx
 from compose2sif.plan.images import ImageSource, plan_images
 from compose2sif.plan.knowledge import ImageProfile, Setter, hint_setter, profile_for
 from compose2sif.plan.ports import PortAssignment, PortRequest, References, allocate, default_base, listening_ports
-from compose2sif.support import SERVICE_KEYS, UNSUPPORTED
+from compose2sif.support import unsupported_warnings
 
 STATE = "state"  # relative to the output directory; created private (0700) by run.sh
 
@@ -223,11 +223,7 @@ def _binds(service: Service, project: Project, profile: Optional[ImageProfile]) 
 
 
 def _unsupported_warnings(service: Service) -> List[str]:
-    warnings = []
-    for key in service.raw:
-        entry = SERVICE_KEYS.get(key)
-        if entry is not None and entry.status == UNSUPPORTED:
-            warnings.append(f"service {service.name!r}: `{key}` is not supported under Apptainer: {entry.note}")
+    warnings = unsupported_warnings(service.name, service.raw)
     if service.raw.get("network_mode") not in (None, "host") or len(service.raw.get("networks") or {}) > 1:
         warnings.append(f"service {service.name!r}: networks are not isolated; every service shares the host "
                         "network and reaches the others through 127.0.0.1")

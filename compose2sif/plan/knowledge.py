@@ -36,7 +36,6 @@ class ImageProfile:
     bind_address: Optional[Setter] = None
     default_command: Optional[Tuple[str, ...]] = None  # the image's CMD, when flags must be appended
     writable: Tuple[str, ...] = ()               # directories it writes inside the image
-    note: str = ""
 
 
 PROFILES: List[ImageProfile] = [
@@ -58,8 +57,7 @@ PROFILES: List[ImageProfile] = [
                  bind_address=Setter("flag", "--host")),
     ImageProfile(r"vllm",
                  ports={8000: Setter("flag", "--port")},
-                 bind_address=Setter("flag", "--host"),
-                 note="OpenAI-compatible vLLM server"),
+                 bind_address=Setter("flag", "--host")),  # vLLM's OpenAI-compatible server
     ImageProfile(r"dify-api$", ports={5001: Setter("env", "DIFY_PORT")},
                  bind_address=Setter("env", "DIFY_BIND_ADDRESS"), writable=("/app/logs",)),
     ImageProfile(r"dify-web$", ports={3000: Setter("env", "PORT")}, bind_address=Setter("env", "HOSTNAME")),
