@@ -84,6 +84,8 @@ def prepare_case(case_dir: Path, tmp: Path) -> Tuple[Path, List[str], Dict[str, 
         spec = yaml.safe_load((case_dir / "case.yaml").read_text()) or {}
     work = tmp / case_dir.name
     if spec.get("source"):
+        if not (SHARED / spec["source"]).is_dir():
+            raise AssertionError(f"{SHARED / spec['source']} is missing: ../shared must be beside the repository")
         shutil.copytree(SHARED / spec["source"], work)
         (work / ".env").write_text(spec.get("dotenv", ""))
     elif spec.get("stack"):
