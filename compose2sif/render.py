@@ -25,11 +25,12 @@ from compose2sif.plan.images import ImageSource
 
 
 def _templates_dir() -> str:
-    """The package compose2sif.runner once installed; run/ beside the package in a plain checkout."""
-    try:
-        from compose2sif import runner
-    except ImportError:
-        return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "run")
+    """run/ beside the package in a checkout (also a second worktree of an editable install, whose
+    compose2sif.runner would point at the first); the package compose2sif.runner once installed."""
+    checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "run")
+    if os.path.isfile(os.path.join(checkout, "engine.sh")):
+        return checkout
+    from compose2sif import runner
     return os.path.dirname(os.path.abspath(runner.__file__))
 
 
