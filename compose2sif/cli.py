@@ -76,21 +76,21 @@ def _output_dir(project, output: Optional[str]) -> str:
     return os.path.abspath(output or os.path.join(os.getcwd(), f"compose2sif-{project.name}"))
 
 
-def _previous_ports(out_dir: str) -> set:
-    """Host ports of an earlier plan of this output dir: ours, so not 'busy' when we plan again."""
+def _previous_endpoints(out_dir: str) -> set:
+    """(address, port) of an earlier plan of this output dir: ours, so not 'busy' when we plan again."""
     try:
         with open(os.path.join(out_dir, "plan.json"), encoding="utf-8") as fh:
             plan = json.load(fh)
-    except (OSError, ValueError):
+        return {(p["address"], p["host"]) for s in plan.get("services", []) for p in s.get("ports", [])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return set()
-    return {p["host"] for s in plan.get("services", []) for p in s.get("ports", [])}
 
 
 def _convert(project, output, registry_mirror=None, image_sources=(), port_base=None, offline=False,
-             tls=False, tls_cert=None, tls_key=None):
+             tls=False, tls_cert=None, tls_key=None, address_block=None):
     from compose2sif import registry, render
     from compose2sif.plan import PlanOptions, build_plan, image_definitions
-    from compose2sif.plan.ports import listening_ports
+    from compose2sif.plan.network import node_listeners, parse_address_block
 
     out_dir = _output_dir(project, output)
     sources = {}
@@ -102,7 +102,8 @@ def _convert(project, output, registry_mirror=None, image_sources=(), port_base=
     if bool(tls_cert) != bool(tls_key):
         raise ComposeError("--tls-cert and --tls-key go together")
     options = PlanOptions(registry_mirror=registry_mirror, image_sources=sources, port_base=port_base,
-                          busy_ports=listening_ports() - _previous_ports(out_dir), tls=bool(tls or tls_cert),
+                          address_block=parse_address_block(address_block) if address_block else None,
+                          busy=node_listeners() - _previous_endpoints(out_dir), tls=bool(tls or tls_cert),
                           tls_files=(os.path.abspath(tls_cert), os.path.abspath(tls_key)) if tls_cert else None)
     try:
         images = image_definitions(project, options)
@@ -143,16 +144,19 @@ def _convert(project, output, registry_mirror=None, image_sources=(), port_base=
 @click.option("--image-source", "image_sources", multiple=True, metavar="SERVICE=KIND:PATH",
               help="Take a service's image from a docker-archive, oci-archive or ready sif file (repeatable).")
 @click.option("--port-base", type=int, help="First port of the block the moved ports go to (default: per user and project).")
+@click.option("--address-block", metavar="127.A.B.0/24",
+              help="Loopback /24 the services' own addresses come from (default: per user and project).")
 @click.option("--offline", is_flag=True, help="Do not ask registries for image configurations.")
 @click.option("--tls", is_flag=True, help="Serve HTTPS from the nginx service(s) with a self-signed certificate.")
 @click.option("--tls-cert", metavar="FILE", help="Certificate for --tls instead of a self-signed one.")
 @click.option("--tls-key", metavar="FILE", help="Private key of --tls-cert.")
 @click.pass_obj
-def convert(state: _State, output, registry_mirror, image_sources, port_base, offline, tls, tls_cert, tls_key):
+def convert(state: _State, output, registry_mirror, image_sources, port_base, address_block, offline, tls, tls_cert,
+            tls_key):
     """Write Singularity definitions, run.sh, env files, hosts and plan.json for the project."""
     project = state.load()
     plan, out_dir = _convert(project, output, registry_mirror, image_sources, port_base, offline,
-                             tls, tls_cert, tls_key)
+                             tls, tls_cert, tls_key, address_block)
     shown = os.path.relpath(out_dir)
     shown = out_dir if shown.startswith("..") else shown
     click.echo(f"wrote {out_dir}: {len(plan.images)} image definition(s), {len(plan.services)} service(s); "
@@ -179,20 +183,22 @@ def build(state: _State, output):
 @click.option("--registry-mirror", metavar="HOST")
 @click.option("--image-source", "image_sources", multiple=True, metavar="SERVICE=KIND:PATH")
 @click.option("--port-base", type=int)
+@click.option("--address-block", metavar="127.A.B.0/24")
 @click.option("--offline", is_flag=True)
 @click.option("--tls", is_flag=True)
 @click.option("--tls-cert", metavar="FILE")
 @click.option("--tls-key", metavar="FILE")
 @click.argument("services", nargs=-1)
 @click.pass_obj
-def up(state: _State, output, detach, registry_mirror, image_sources, port_base, offline, tls, tls_cert, tls_key,
-       services):
+def up(state: _State, output, detach, registry_mirror, image_sources, port_base, address_block, offline, tls,
+       tls_cert, tls_key, services):
     """Convert, build what is missing, and start the services in dependency order."""
     from compose2sif.runtime import detect, run_script
     if detect() is None:
         raise ComposeError("neither apptainer nor singularity is on PATH (try: module load apptainer)")
     project = state.load()
-    _, out_dir = _convert(project, output, registry_mirror, image_sources, port_base, offline, tls, tls_cert, tls_key)
+    _, out_dir = _convert(project, output, registry_mirror, image_sources, port_base, offline, tls, tls_cert, tls_key,
+                          address_block)
     rc = run_script(out_dir, ["build"])
     if rc != 0:
         sys.exit(rc)

@@ -5,7 +5,7 @@ cluster and run ``./run.sh up`` there with nothing but bash and apptainer/singul
     sif/                      where `build` puts the SIFs
     env/<service>.env         the resolved environment, shell-quoted for --env-file, mode 0600
     config/<service>/...      rendered config files (nginx)
-    hosts.names               every service name, alias and host.docker.internal -> 127.0.0.1
+    hosts.names               every service's names -> its own loopback address; host.docker.internal
     hosts                     /etc/hosts for the instances as it would be on this machine
     run.sh                    the orchestrator
     plan.json                 every decision and warning, for people and tools
@@ -129,9 +129,8 @@ def render_runner(plan: Plan) -> str:
 
 
 def hosts_names(plan: Plan) -> str:
-    lines = ["127.0.0.1 " + " ".join(plan.host_names)]
-    lines += [f"{ip} {host}" for host, ip in plan.extra_hosts]
-    return "\n".join(lines) + "\n"
+    """Each service's names at its own address (the plan's hosts lines)."""
+    return "".join(f"{address} {' '.join(names)}\n" for address, names in plan.hosts if names)
 
 
 def _tls_files(plan: Plan, out_dir: str) -> None:
