@@ -92,8 +92,10 @@ def _launch(service: Service) -> Optional[List[str]]:
 
 
 def _strong(evidence: List[str]) -> bool:
-    """Evidence that the service itself, or a client, says it listens there."""
-    return any(e not in OPTIONAL_EVIDENCE and not (e.startswith("env ") and e != "env PORT") for e in evidence)
+    """Evidence that the service itself, or a client, says it listens there. A `FOO_PORT` variable
+    alone is not: projects hand every service one .env full of other servers' ports."""
+    return any(e not in OPTIONAL_EVIDENCE and not (e.startswith("variable ") and e != "variable PORT")
+               for e in evidence)
 
 
 def _service_net(service: Service, adapter: Optional[image_adapters.Adapter], launch: Optional[List[str]], exposed: List[int],
@@ -151,6 +153,8 @@ def _service_net(service: Service, adapter: Optional[image_adapters.Adapter], la
     for port in exposed:
         saw(port, IMAGE_EXPOSE)
     for port, where in sorted(evidence.items()):
+        if all(e.startswith("variable ") for e in where) and not _strong(where):
+            continue  # only a FOO_PORT variable says so: it knows the port, it does not prove a listener
         listen = listens.setdefault(port, Listen(port, [], None))
         listen.evidence = where
         listen.knob = None if port in fixed else usable(port_knobs.get(port))

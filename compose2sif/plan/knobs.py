@@ -96,7 +96,7 @@ def from_environment(env: Dict[str, Optional[str]], peers: set, found: Found) ->
             prefix = key[: -len("_PORT")] if key != "PORT" else ""
             if prefix and (prefix.lower() in peers or _names_a_peer(env, prefix)):
                 continue
-            found.saw(int(value), f"env {key}", Knob("env", key, "{port}"), weak=key != "PORT")
+            found.saw(int(value), f"variable {key}", Knob("env", key, "{port}"), weak=key != "PORT")
 
 
 def _names_a_peer(env: Dict[str, Optional[str]], prefix: str) -> bool:

@@ -313,8 +313,10 @@ class References:
         """(service, port) of every ``name:port`` and bare ``http://name`` in the text."""
         found = []
         if self._named is not None:
+            upstreams = _upstreams(text)
             found += [(self.service_of[m.group(1)], int(m.group(2))) for m in self._named.finditer(text)]
-            found += [(self.service_of[m.group(3)], _SCHEME_PORTS[m.group(1)]) for m in self._bare.finditer(text)]
+            found += [(self.service_of[m.group(3)], _SCHEME_PORTS[m.group(1)]) for m in self._bare.finditer(text)
+                      if m.group(3) not in upstreams]
         return found
 
     def rewrite(self, text: str, service: Optional[str] = None, own_host: bool = False) -> str:
@@ -323,7 +325,8 @@ class References:
         if self._named is not None and self.moved:
             text = self._named.sub(
                 lambda m: f"{m.group(1)}:{self.port_of(m.group(1), int(m.group(2))) or m.group(2)}", text)
-            text = self._bare.sub(self._bare_url, text)
+            upstreams = _upstreams(text)
+            text = self._bare.sub(lambda m: m.group(0) if m.group(3) in upstreams else self._bare_url(m), text)
         if service is not None and self.network is not None:
             endpoints = self.network.endpoints.get(service, {})
             address = self.network.address.get(service, WILDCARD)
@@ -350,6 +353,11 @@ class References:
             if new is not None:
                 out[key] = str(new)
         return out
+
+
+def _upstreams(text: str) -> Set[str]:
+    """Names of nginx `upstream NAME {}` blocks: `proxy_pass http://NAME` means the block, not a host."""
+    return set(re.findall(r"\bupstream\s+([\w.-]+)\s*\{", text))
 
 
 def host_port_pairs(env: Dict[str, Optional[str]]) -> List[Tuple[str, str, int]]:
