@@ -25,6 +25,7 @@ from compose2sif.plan.network import (IMAGE_DEFAULT, IMAGE_EXPOSE, OPTIONAL_EVID
 from compose2sif.plan.types import Bind, Plan, PortPlan, ServicePlan
 from compose2sif.support import unsupported_warnings
 
+_HOST_KEYS = ("_HOST", "_HOSTNAME", "_ADDR", "_SERVER")
 STATE = "state"  # relative to the output directory; created private (0700) by run.sh
 RUNSCRIPT = "/.singularity.d/runscript"
 
@@ -289,6 +290,12 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
         for server, port in [r for _, text in texts for r in finder.references(text)] + \
                 [(finder.service_of[h], p) for h, p in pairs if h in finder.service_of]:
             found[server].saw(port, "own settings" if server == name else f"referenced by {name}")
+        for key, value in service.environment.items():  # REDIS_HOST=cache: a client on cache's default port
+            server = finder.service_of.get(value or "") if key.endswith(_HOST_KEYS) else None
+            if server is not None and server != name and adapters[server] is not None:
+                if not any(k.endswith("_PORT") and k[:-5] == key.rsplit("_", 1)[0] for k in service.environment):
+                    for port in adapters[server].ports:
+                        found[server].saw(port, f"named by {name} ({key})")
     nets: Dict[str, ServiceNet] = {}
     for name, service in services.items():
         source = images[image_of[name]]
