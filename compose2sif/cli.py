@@ -88,7 +88,7 @@ def _previous_endpoints(out_dir: str) -> set:
 
 def _convert(project, output, registry_mirror=None, image_sources=(), port_base=None, offline=False,
              tls=False, tls_cert=None, tls_key=None, address_block=None):
-    from compose2sif import registry, render
+    from compose2sif import render
     from compose2sif.plan import PlanOptions, build_plan, image_definitions
     from compose2sif.plan.network import node_listeners, parse_address_block
 
@@ -112,6 +112,7 @@ def _convert(project, output, registry_mirror=None, image_sources=(), port_base=
             exc.file, exc.line = project.locate(exc.path.split(".")[1])
         raise
     if not offline:
+        from compose2sif import registry  # requests: slow to import, not needed offline
         for source in images.values():
             if source.kind != "docker":
                 continue

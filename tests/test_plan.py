@@ -9,7 +9,8 @@ from compose2sif.adapters import repository
 from compose2sif.errors import ComposeError
 from compose2sif.load import ProjectOptions, load_project
 from compose2sif.plan import PlanOptions, build_plan
-from compose2sif.plan.network import default_address_block, default_port_base, overlaps, parse_address_block
+from compose2sif.plan.network import (default_address_block, default_port_base, free_address_block, overlaps,
+                                      parse_address_block)
 
 BLOCK = "127.45.3"
 
@@ -208,6 +209,9 @@ def test_blocks_are_deterministic_and_per_user_and_project():
     assert default_address_block("p", uid=1000) == default_address_block("p", uid=1000)
     assert default_port_base("p", uid=1000) != default_port_base("p", uid=1001)
     assert parse_address_block("127.45.3.0/24") == "127.45.3"
+    mine = default_address_block("p", uid=1000)
+    assert free_address_block("p", {(f"{mine}.9", 80)}, uid=1000) != mine  # someone else listens in it
+    assert free_address_block("p", {("127.0.0.1", 80)}, uid=1000) == mine
     with pytest.raises(ComposeError):
         parse_address_block("10.0.0.0/24")
 

@@ -21,7 +21,8 @@ from compose2sif.plan import knobs
 from compose2sif.plan.images import ImageSource, plan_images
 from compose2sif.plan.knobs import Found, Knob
 from compose2sif.plan.network import (IMAGE_DEFAULT, IMAGE_EXPOSE, OPTIONAL_EVIDENCE, Listen, References, ServiceNet,
-                                      default_address_block, default_port_base, host_port_pairs, plan_network)
+                                      default_port_base, free_address_block, host_port_pairs, node_listeners,
+                                      plan_network)
 from compose2sif.plan.types import Bind, Plan, PortPlan, ServicePlan
 from compose2sif.support import unsupported_warnings
 
@@ -303,10 +304,9 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
         exposed = list(source.exposed) + (list(config.exposed) if config else [])
         nets[name] = _service_net(service, adapters[name], launches[name], exposed, found[name], peers, names[name])
 
-    block = options.address_block or default_address_block(project.name, options.uid)
-    base = options.port_base if options.port_base is not None else default_port_base(project.name, options.uid)
-    from compose2sif.plan.network import node_listeners
     busy = node_listeners() if options.busy is None else set(options.busy)
+    block = options.address_block or free_address_block(project.name, busy, options.uid)
+    base = options.port_base if options.port_base is not None else default_port_base(project.name, options.uid)
     network = plan_network(list(nets.values()), block, base, busy)
     warnings += network.warnings
     refs = References(names, network)

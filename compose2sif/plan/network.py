@@ -48,6 +48,20 @@ def default_address_block(project: str, uid: Optional[int] = None) -> str:
     return f"127.{1 + index // 256}.{index % 256}"
 
 
+def free_address_block(project: str, busy: Iterable[Tuple[str, int]], uid: Optional[int] = None) -> str:
+    """The user's and project's block, or the next one where nothing on the node listens yet: two
+    users whose blocks hash alike still never share one on the same node."""
+    used = {address.rsplit(".", 1)[0] for address, _ in busy if address.startswith("127.")}
+    first = default_address_block(project, uid)
+    index = (int(first.split(".")[1]) - 1) * 256 + int(first.split(".")[2])
+    for step in range(ADDRESS_BLOCKS):
+        n = (index + step) % ADDRESS_BLOCKS
+        block = f"127.{1 + n // 256}.{n % 256}"
+        if block not in used:
+            return block
+    return first
+
+
 def parse_address_block(text: str) -> str:
     """`127.45.3`, `127.45.3.0` or `127.45.3.0/24` -> `127.45.3`."""
     match = re.fullmatch(r"127\.(\d{1,3})\.(\d{1,3})(?:\.0)?(?:/24)?", text.strip())
