@@ -388,6 +388,14 @@ def _environment_mapping(value: Any, path: str) -> Dict[str, Optional[str]]:
     raise ComposeError("environment must be a list or a mapping", path=path)
 
 
+def _build_args(value: Any, environment: Dict[str, str], path: str) -> Dict[str, str]:
+    """Build args as a mapping; a name without a value takes the environment's, or is left out
+    (compose-go resolves them, then drops the unresolved ones)."""
+    args = _environment_mapping(value, path)
+    resolved = {k: (v if v is not None else environment.get(k)) for k, v in args.items()}
+    return {k: v for k, v in resolved.items() if v is not None}
+
+
 def _normalize(model: Dict[str, Any], name: str, environment: Dict[str, str]) -> None:
     services = model.get("services") or {}
     uses_default = False
@@ -411,6 +419,8 @@ def _normalize(model: Dict[str, Any], name: str, environment: Dict[str, str]) ->
                 build["context"] = "."
             if build.get("dockerfile") is None and build.get("dockerfile_inline") is None:
                 build["dockerfile"] = "Dockerfile"
+            if "args" in build:
+                build["args"] = _build_args(build["args"], environment, f"services.{sname}.build.args")
         env = _environment_mapping(service.get("environment"), f"services.{sname}.environment")
         if "environment" in service:
             service["environment"] = {k: (v if v is not None else environment.get(k)) for k, v in env.items()}
