@@ -242,7 +242,8 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
     options = options or PlanOptions()
     services = typed_services(project)
     warnings: List[str] = list(project.warnings)
-    images = plan_images(list(services.values()), project.working_dir, options.registry_mirror, options.image_sources)
+    images = plan_images(list(services.values()), project.working_dir, options.registry_mirror, options.image_sources,
+                         options.image_configs)
     image_of = {name: key for key, source in images.items() for name in source.services}
     for source in images.values():
         warnings.extend(source.warnings)
@@ -424,7 +425,7 @@ def _add_tls(name: str, ports: Dict[int, PortAssignment], port_plans: List[PortP
 def image_definitions(project: Project, options: Optional[PlanOptions] = None) -> Dict[str, ImageSource]:
     options = options or PlanOptions()
     return plan_images(list(typed_services(project).values()), project.working_dir, options.registry_mirror,
-                       options.image_sources)
+                       options.image_sources, options.image_configs)
 
 
 _SECRET_FLAG = re.compile(r"^-{1,2}[\w-]*(pass|secret|token|api-key|apikey)[\w-]*$|^-a$", re.IGNORECASE)
