@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 from compose2sif.errors import ComposeError
 
 STAGING = "/.c2s-build"
+IMAGE_STAGE = "c2s-image-"  # a stage made for COPY --from=IMAGE
 DEFAULT_SHELL = ["/bin/sh", "-c"]
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
@@ -362,7 +363,7 @@ class _Converter:
             reason = f"{unset} has no value" if unset else "it is not an image reference"
             raise self.fail(f"FROM {parts[0]} expands to {base!r}: {reason} (set it in build.args or give the "
                             "ARG a default before FROM)")
-        name = parts[2] if len(parts) == 3 else str(len(self.stages))
+        name = parts[2] if len(parts) == 3 else str(sum(1 for s in self.stages if not s.name.startswith(IMAGE_STAGE)))
         known = {s.name: s for s in self.stages}
         stage = Stage(name=name, base=base)
         if base in known:  # FROM an earlier stage: start from its recipe
@@ -378,6 +379,22 @@ class _Converter:
         self.stages.append(stage)
         self.stage = stage
         self.declared, self.env = {}, {}
+
+    def source_stage(self, name: str) -> str:
+        """The stage that COPY --from=NAME reads: an earlier stage by name or number, or an image,
+        which becomes a stage of its own (Apptainer copies %files from stages only)."""
+        named = [s for s in self.stages if not s.name.startswith(IMAGE_STAGE)]
+        if name.isdigit() and int(name) < len(named):
+            return named[int(name)].name
+        if any(s.name == name for s in self.stages):
+            return name
+        for stage in self.stages:
+            if stage.name.startswith(IMAGE_STAGE) and stage.base == name:
+                return stage.name
+        header_value(name, f"{self.where}: line {self.line}: COPY --from image")
+        stage = Stage(name=f"{IMAGE_STAGE}{len(self.stages)}", base=name)
+        self.stages.insert(self.stages.index(self.stage), stage)
+        return stage.name
 
     def copy(self, op: str, args: str, heredocs: List[str]) -> None:
         stage = self.stage
@@ -399,10 +416,7 @@ class _Converter:
         dest = os.path.normpath(dest if dest.startswith("/") else os.path.join(stage.workdir, dest))
         quoted = sh_quote(dest)
         stage.post.append(f"mkdir -p {quoted if into_dir else sh_quote(os.path.dirname(dest))}")
-        source_stage = flags.get("from")
-        if source_stage and source_stage not in {s.name for s in self.stages}:
-            raise self.fail(f"{op} --from={source_stage}: not an earlier stage; copying from another image is "
-                            f"not supported (add `FROM {source_stage} AS some-name` and copy from that)")
+        source_stage = self.source_stage(expand(flags["from"], self.global_args)) if flags.get("from") else None
         for source in sources:
             if re.match(r"https?://", source):
                 target = os.path.join(dest, os.path.basename(source)) if into_dir else dest
@@ -500,6 +514,8 @@ def _render(stages: List[Stage], final: Stage) -> str:
             out.append(f"%files from {_stage_label(source_stage)}")
             out += [f"    {path} {staging}" for s, path, staging in stage.from_stages if s == source_stage]
             out.append("")
+        if stage.name.startswith(IMAGE_STAGE):
+            continue  # only copied from; the image may have no shell to run a %post
         out.append("%post")
         out.append(f"    mkdir -p {STAGING}")
         out += [_body_line(line) for line in stage.post]
