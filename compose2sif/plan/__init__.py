@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from compose2sif.errors import ComposeError
 from compose2sif.load import Project
 from compose2sif.model import Service, services as typed_services
-from compose2sif.plan import nginx
+from compose2sif.plan import nginx, secrets
 from compose2sif.plan.images import ImageSource, plan_images
 from compose2sif.plan.knowledge import ImageProfile, Setter, hint_setter, profile_for
 from compose2sif.plan.ports import PortAssignment, PortRequest, References, allocate, default_base, listening_ports
@@ -343,7 +343,7 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
                            "start_period": service.healthcheck.start_period,
                            "start_interval": service.healthcheck.start_interval}
         binds, bind_warnings = _binds(service, project, profile)
-        binds += binds_extra
+        binds += binds_extra + secrets.mounts(service, project, configs, svc_warnings)
         svc_warnings += bind_warnings
         if profile and "nginx" in profile.match:
             rendered, binds, nginx_warnings = nginx.render_configs(service, env, mine, refs, binds)
