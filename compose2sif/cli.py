@@ -114,22 +114,25 @@ def _convert(project, output, registry_mirror=None, image_sources=(), port_base=
     if not offline:
         from compose2sif import registry  # requests: slow to import, not needed offline
         for source in images.values():
-            if source.kind != "docker":
+            image = source.ref if source.kind == "docker" else source.pull_candidate  # build + image: pull?
+            if image is None:
                 continue
             from compose2sif.plan.images import docker_reference
-            ref = docker_reference(source.ref, registry_mirror)
+            ref = docker_reference(image, registry_mirror)
             try:
-                options.image_configs[source.ref] = registry.fetch_config(
+                options.image_configs[image] = registry.fetch_config(
                     ref, insecure=bool(os.environ.get("APPTAINER_NOHTTPS") or os.environ.get("SINGULARITY_NOHTTPS")))
             except Exception as exc:  # network, auth, odd registries: the plan just lacks it
-                click.echo(f"WARN could not read the configuration of image {source.ref} from its registry "
-                           f"({type(exc).__name__}); its WORKDIR and exposed ports are unknown", err=True)
+                if source.kind == "docker":
+                    click.echo(f"WARN could not read the configuration of image {source.ref} from its registry "
+                               f"({type(exc).__name__}); its WORKDIR and exposed ports are unknown", err=True)
     try:
         plan = build_plan(project, options)
     except ComposeError as exc:  # point it at the service's definition
         if exc.file is None and exc.path and exc.path.startswith("services."):
             exc.file, exc.line = project.locate(exc.path.split(".")[1])
         raise
+    images = image_definitions(project, options)  # with the registry's answers: build + image may pull
     extra = render.write(plan, images, out_dir)
     for warning in plan.warnings + extra:
         if warning not in project.warnings:

@@ -49,7 +49,9 @@ SERVICE_KEYS: Dict[str, KeySupport] = {
     "cgroup": _u("no cgroup namespace control without root; ignored"),
     "cgroup_parent": _u("no cgroup control without root; ignored"),
     "command": _h("replaces the image's CMD in the generated start script"),
-    "configs": _e("the config file is bound read-only at its target"),
+    "configs": _e("bound read-only at /<name> or its target; `file` binds the file, `environment` and "
+                  "`content` are written into the output dir (0600) and bound; `external` is an error; "
+                  "uid/gid/mode are not applied (warning)"),
     "container_name": _h("used as the instance name and as a host name for the other services"),
     "cpu_count": _u(_NO_CGROUPS), "cpu_percent": _u(_NO_CGROUPS), "cpu_period": _u(_NO_CGROUPS),
     "cpu_quota": _u(_NO_CGROUPS), "cpu_rt_period": _u(_NO_CGROUPS), "cpu_rt_runtime": _u(_NO_CGROUPS),
@@ -112,7 +114,9 @@ SERVICE_KEYS: Dict[str, KeySupport] = {
     "restart": _h("restart policies are honoured by the runner"),
     "runtime": _e("`nvidia` means --nv; other runtimes are ignored with a warning"),
     "scale": _u("one instance per service; values above 1 are ignored"),
-    "secrets": _e("the secret file is bound read-only at /run/secrets/<name> (or its target)"),
+    "secrets": _e("bound read-only at /run/secrets/<name> or its target; `file` binds the file, "
+                  "`environment` and `content` are written into the output dir (0600, never on a command "
+                  "line or in plan.json) and bound; `external` is an error; uid/gid/mode are not applied (warning)"),
     "security_opt": _u("seccomp/AppArmor/SELinux options cannot be set unprivileged; ignored"),
     "shm_size": _e("instances use the host's /dev/shm; its size is the node's"),
     "stdin_open": _u("instances run detached without a terminal; ignored"),

@@ -1,5 +1,9 @@
 """Dockerfile -> definition: order of COPY and RUN, WORKDIR-relative destinations, multi-stage,
 ARG and build args, exec-form quoting, USER not turned into su."""
+import json
+import shlex
+import subprocess
+
 import pytest
 
 from compose2sif.errors import ComposeError
@@ -78,3 +82,112 @@ def test_bad_dockerfiles(tmp_path, dockerfile, message):
         return
     with pytest.raises(ComposeError, match=message):
         convert(dockerfile, str(tmp_path), {}, None, "Dockerfile")
+
+
+# Apptainer's reading of a definition (pkg/build/types/parser/deffile.go): a line whose first word
+# (Go's unicode white space) starts with "%" opens a section; a line starting "bootstrap:" opens a stage.
+_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a" \
+            "\u2028\u2029\u202f\u205f\u3000"
+
+
+def apptainer_sections(definition):
+    sections, stages = [], 0
+    for line in definition.split("\n"):
+        words = line.strip(_GO_SPACE).split()
+        if words and line.lstrip(_GO_SPACE)[:1] == "%":
+            sections.append(line.strip())
+        if line.lower().startswith("bootstrap:"):
+            stages += 1
+    return sections, stages
+
+
+HOSTILE = ["%setup", "x\n%setup\ntouch /tmp/PWNED", "\xa0%setup", "a\nBootstrap: docker", "x\r\n%pre"]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_no_value_opens_a_section_or_a_stage(tmp_path, value):
+    encoded, line = json.dumps(value), shlex.quote(value.replace("\n", " "))  # a Dockerfile line has no newline
+    (tmp_path / "f").write_text("x")
+    dockerfile = "\n".join([
+        "FROM alpine",
+        f"RUN [{encoded}, {encoded}]",
+        "RUN %setup",
+        f"ENV A={line}",
+        f"ARG B={line}",
+        f"WORKDIR /w/{line}",
+        f"COPY f /d/{line}",
+        f"LABEL %setup=1 ok={line}",
+        f"ENTRYPOINT [{encoded}]",
+        f"CMD [{encoded}]",
+    ]) + "\n"
+    result = convert(dockerfile, str(tmp_path), {"B": value}, None, "Dockerfile")
+    sections, stages = apptainer_sections(result.definition)
+    assert sections == ["%files", "%post", "%environment", "%labels", "%runscript"]
+    assert stages == 1
+    assert any("LABEL '%setup' is not kept" in w for w in result.warnings)
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_values_reach_the_shell_exactly(tmp_path, value):
+    dockerfile = f'FROM alpine\nARG B\nRUN ["printf", "%s|", {json.dumps(value)}]\nRUN printf %s "$B"\n'
+    text = convert(dockerfile, str(tmp_path), {"B": value}, None, "D").definition
+    post = text.split("%post\n")[1].split("\n    rm -rf")[0].split("\n", 1)[1]  # without the staging mkdir
+    assert subprocess.run(["sh", "-c", post], capture_output=True).stdout.decode() == f"{value}|{value}"
+
+
+@pytest.mark.parametrize("dockerfile,message", [
+    ("FROM\n", "line 1: FROM needs an image"),
+    ("FROM alpine\nENV\n", "line 2: ENV needs KEY=value"),
+    ("FROM alpine\nLABEL\n", "line 2: LABEL needs KEY=value"),
+    ("FROM alpine\nENV A\n", "line 2: ENV A has no value"),
+    ("FROM alpine\nENV A=\"unbalanced\n", "line 2: cannot split"),
+    ("FROM alpine\nCOPY 'a /b\n", "line 2: cannot split"),
+    ("FROM alpine\nARG\n", "line 2: ARG needs a name"),
+    ("FROM alpine AS\n", "line 1: expected FROM IMAGE"),
+    ("FROM alpine\nRUN <<EOF\necho\n", "line 2: the heredoc <<EOF never ends"),
+    ("FROM alpine\nSHELL bash\n", "line 2: SHELL needs the JSON form"),
+    ("ARG BASE\nFROM ${BASE}\n", "line 2: FROM ${BASE} expands to '': ARG BASE has no value"),
+    ("ARG TAG\nFROM python:$TAG\n", "ARG TAG has no value"),
+    ("FROM scratch\n", "FROM scratch"),
+])
+def test_malformed_dockerfiles_give_one_line(tmp_path, dockerfile, message):
+    with pytest.raises(ComposeError) as info:
+        convert(dockerfile, str(tmp_path), {}, None, "/p/Dockerfile")
+    assert message in str(info.value) and "/p/Dockerfile" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_trailing_backslash_ends_the_instruction(tmp_path):
+    text = convert("FROM alpine\nRUN echo a \\\n", str(tmp_path), {}, None, "D").definition
+    assert "    echo a\n" in text
+
+
+def test_nested_arg_defaults_are_expanded(tmp_path):
+    dockerfile = ("ARG REGISTRY=docker.io\nARG IMAGE=${REGISTRY}/library/python\nARG TAG=3.11\n"
+                  "ARG BASE=${IMAGE}:${TAG}-slim\nFROM ${BASE}\nARG TAG\nARG FULL=v${TAG}-${EXTRA:-none}\n")
+    text = convert(dockerfile, str(tmp_path), {"TAG": "3.12"}, None, "D").definition
+    assert "From: docker.io/library/python:3.12-slim\n" in text
+    assert "export TAG=3.12\n" in text and "export FULL=v3.12-none\n" in text
+    # a build arg is taken literally, not expanded
+    text = convert(dockerfile, str(tmp_path), {"BASE": "alpine", "TAG": "${X}"}, None, "D").definition
+    assert "From: alpine\n" in text and "export TAG='${X}'" in text
+
+
+def test_shell_heredoc_and_copy_heredoc(tmp_path):
+    dockerfile = ('FROM debian\nSHELL ["/bin/bash", "-o", "pipefail", "-c"]\nRUN echo $((1+1)) | cat\n'
+                  "RUN <<EOF\nset -e\n%not-a-section\nEOF\nCOPY <<EOT /etc/app.conf\nkey=1\nEOT\nCMD echo hi\n")
+    text = convert(dockerfile, str(tmp_path), {}, None, "D").definition
+    assert "/bin/bash -o pipefail -c 'echo $((1+1)) | cat'" in text
+    assert apptainer_sections(text)[0] == ["%post", "%runscript"]
+    assert "exec /bin/bash -o pipefail -c 'echo hi'" in text
+    assert "printf %s key=1\"\n\"'' > /etc/app.conf" in text
+
+
+def test_copy_from_an_image_becomes_a_stage(tmp_path):
+    dockerfile = ("FROM alpine AS a\nFROM debian\nCOPY --from=ghcr.io/astral-sh/uv:0.7 /uv /bin/\n"
+                  "COPY --from=0 /etc/os-release /a-release\nCOPY --from=ghcr.io/astral-sh/uv:0.7 /uvx /bin/\n")
+    text = convert(dockerfile, str(tmp_path), {}, None, "D").definition
+    assert text.count("From: ghcr.io/astral-sh/uv:0.7\nStage: c2s_image_2\n") == 1
+    assert text.index("Stage: c2s_image_2") < text.index("Stage: stage1")
+    assert "%files from c2s_image_2\n    /uv /.c2s-build/1/uv\n    /uvx /.c2s-build/3/uvx" in text
+    assert "%files from a\n    /etc/os-release" in text
+    assert "Stage: c2s_image_2\n\nBootstrap:" in text  # no %post: the image may have no shell

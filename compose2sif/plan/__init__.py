@@ -17,7 +17,7 @@ from compose2sif import adapters as image_adapters  # a module: adapters import 
 from compose2sif.errors import ComposeError
 from compose2sif.load import Project
 from compose2sif.model import Service, services as typed_services
-from compose2sif.plan import knobs
+from compose2sif.plan import knobs, secrets
 from compose2sif.plan.images import ImageSource, plan_images
 from compose2sif.plan.knobs import Found, Knob
 from compose2sif.plan.network import (IMAGE_DEFAULT, IMAGE_EXPOSE, OPTIONAL_EVIDENCE, Listen, References, ServiceNet,
@@ -266,7 +266,8 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
     options = options or PlanOptions()
     services = typed_services(project)
     warnings: List[str] = list(project.warnings)
-    images = plan_images(list(services.values()), project.working_dir, options.registry_mirror, options.image_sources)
+    images = plan_images(list(services.values()), project.working_dir, options.registry_mirror, options.image_sources,
+                         options.image_configs)
     image_of = {name: key for key, source in images.items() for name in source.services}
     for source in images.values():
         warnings.extend(source.warnings)
@@ -321,6 +322,7 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
     for name, service in services.items():
         adapter = adapters[name]
         binds, bind_warnings = _binds(service, project, adapter)
+        binds += secrets.mounts(service, project, configs, bind_warnings)
         test = list(service.healthcheck.test) if (service.healthcheck is not None and not service.healthcheck.disabled
                                                   and service.healthcheck.test) else None
         draft = image_adapters.Draft(name=name, service=service, own_address=network.own[name], address=network.address[name],
@@ -480,7 +482,7 @@ def _unsupported_warnings(service: Service) -> List[str]:
 def image_definitions(project: Project, options: Optional[PlanOptions] = None) -> Dict[str, ImageSource]:
     options = options or PlanOptions()
     return plan_images(list(typed_services(project).values()), project.working_dir, options.registry_mirror,
-                       options.image_sources)
+                       options.image_sources, options.image_configs)
 
 
 _SECRET_FLAG = re.compile(r"^-{1,2}[\w-]*(pass|secret|token|api-key|apikey)[\w-]*$|^-a$", re.IGNORECASE)

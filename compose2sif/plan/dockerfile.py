@@ -7,6 +7,12 @@ directory is removed at the end. Destinations are relative to WORKDIR as in Dock
 are overridden by compose's ``build.args``, ENV applies to later RUNs and to the runtime, USER is
 recorded (Apptainer runs everything as the caller; never `su`), and ENTRYPOINT/CMD become a
 ``%runscript`` with Docker's semantics (arguments replace CMD).
+
+Values are data. Apptainer starts a new section at any line whose first word begins with ``%``
+(and a new stage at a line starting ``Bootstrap:``), so every line written into a section goes
+through ``_body_line``, every value through ``sh_quote`` (which never lets a value's newline start
+a line of its own), and every header value through ``header_value``. A malformed Dockerfile is one
+error line naming the Dockerfile and the line, never a crash.
 """
 from __future__ import annotations
 
@@ -20,6 +26,52 @@ from typing import Dict, List, Optional, Tuple
 from compose2sif.errors import ComposeError
 
 STAGING = "/.c2s-build"
+IMAGE_STAGE = "c2s-image-"  # a stage made for COPY --from=IMAGE
+DEFAULT_SHELL = ["/bin/sh", "-c"]
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_HEREDOC = re.compile(r"<<(-?)(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
+
+
+def sh_quote(value: str) -> str:
+    """A shell word for ``value``. A newline is written as a double-quoted newline, so the next
+    line of the definition starts with ``"`` and can never be read as a ``%section``."""
+    return '"\n"'.join(shlex.quote(part) for part in value.split("\n"))
+
+
+def _quote(argv: List[str]) -> str:
+    return " ".join(sh_quote(a) for a in argv)
+
+
+def header_value(value: str, what: str, path: Optional[str] = None) -> str:
+    """A value for a definition header line (``From:``): one line, no comment, no continuation."""
+    if _CONTROL.search(value) or "#" in value or value.rstrip().endswith("\\") or not value.strip():
+        raise ComposeError(f"{what} {value!r} cannot be written into a definition header "
+                           "(empty, a control character, '#' or a trailing backslash)", path=path)
+    return value
+
+
+def comment_text(value: str) -> str:
+    """Text for a ``#`` comment line of a definition: control characters shown as ``?``."""
+    return _CONTROL.sub("?", value)
+
+
+def _body_line(line: str) -> str:
+    """One line of a shell section. A line whose first word starts with ``%`` would begin a new
+    section; ``""`` in front of it changes nothing for the shell."""
+    out = []
+    for part in line.split("\n"):
+        out.append('""' + part if part.lstrip().startswith("%") else part)
+    return "    " + "\n".join(out)
+
+
+def _files_path(path: str, where: str) -> str:
+    """A path in a %files line: Apptainer splits it at white space outside double quotes."""
+    if _CONTROL.search(path) or '"' in path:
+        raise ComposeError(f"{where}: the path {path!r} cannot be staged into the image "
+                           "(a control character or '\"')")
+    return f'"{path}"' if re.search(r"[\s'{}%#]", path) or path.startswith("%") else path
 
 
 @dataclass
@@ -36,6 +88,7 @@ class Stage:
     cmd: Optional[List[str]] = None
     entrypoint_shell: bool = False
     cmd_shell: bool = False
+    shell: List[str] = field(default_factory=lambda: list(DEFAULT_SHELL))
     user: Optional[str] = None
     exposed: List[int] = field(default_factory=list)
 
@@ -49,28 +102,55 @@ class ConvertedDockerfile:
     warnings: List[str]
 
 
-def _instructions(text: str) -> List[Tuple[int, str, str]]:
-    """(line, INSTRUCTION, arguments) with continuations joined and comments removed."""
-    out: List[Tuple[int, str, str]] = []
-    buffer, start = "", 0
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.rstrip()
-        if not buffer and (not line.strip() or line.lstrip().startswith("#")):
+@dataclass
+class Instruction:
+    line: int
+    op: str
+    args: str
+    heredocs: List[str] = field(default_factory=list)  # bodies of <<WORD documents, in order
+
+
+def parse(text: str, where: str) -> List[Instruction]:
+    """Instructions with continuations joined, comments removed and heredoc bodies collected.
+    Lines end at "\\n" only, as in Docker's parser."""
+    lines = [raw[:-1] if raw.endswith("\r") else raw for raw in text.split("\n")]
+    out: List[Instruction] = []
+    buffer, start, number = "", 0, 0
+    while number < len(lines):
+        raw = lines[number]
+        number += 1
+        stripped = raw.strip()
+        if not buffer and (not stripped or stripped.startswith("#")):
             continue
-        if buffer and line.lstrip().startswith("#"):
+        if buffer and stripped.startswith("#"):
             continue
         if not buffer:
             start = number
-        if line.endswith("\\"):
-            buffer += line[:-1] + " "
+        if raw.rstrip().endswith("\\"):
+            buffer += raw.rstrip()[:-1] + " "
             continue
-        buffer += line
+        buffer += raw
         parts = buffer.strip().split(None, 1)
-        out.append((start, parts[0].upper(), parts[1] if len(parts) > 1 else ""))
         buffer = ""
-    if buffer:
+        if not parts:  # a continuation that ended in nothing
+            continue
+        instruction = Instruction(start, parts[0].upper(), parts[1] if len(parts) > 1 else "")
+        if instruction.op in ("RUN", "COPY", "ADD"):
+            for strip_tabs, _, word in _HEREDOC.findall(instruction.args):
+                body = []
+                while True:
+                    if number >= len(lines):
+                        raise ComposeError(f"{where}: line {start}: the heredoc <<{word} never ends")
+                    line = lines[number]
+                    number += 1
+                    if (line.lstrip("\t") if strip_tabs else line) == word:
+                        break
+                    body.append(line.lstrip("\t") if strip_tabs else line)
+                instruction.heredocs.append("".join(b + "\n" for b in body))
+        out.append(instruction)
+    if buffer.strip():
         parts = buffer.strip().split(None, 1)
-        out.append((start, parts[0].upper(), parts[1] if len(parts) > 1 else ""))
+        out.append(Instruction(start, parts[0].upper(), parts[1] if len(parts) > 1 else ""))
     return out
 
 
@@ -86,22 +166,30 @@ def _exec_form(args: str) -> Optional[List[str]]:
     return None
 
 
-def _quote(argv: List[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
+_VARIABLE = re.compile(r"\\(\$)|\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:-|:\+|-|\+)([^}]*))?\})")
 
 
-def _expand(text: str, variables: Dict[str, str]) -> str:
-    """Docker's build-time substitution of $VAR / ${VAR} / ${VAR:-default} in instructions."""
+def expand(text: str, variables: Dict[str, Optional[str]], missing: Optional[List[str]] = None) -> str:
+    """Docker's build-time substitution of $VAR, ${VAR}, ${VAR:-word}, ${VAR-word}, ${VAR:+word},
+    ${VAR+word}; ``\\$`` is a literal ``$``. Names with no value are appended to ``missing``."""
     def repl(m):
-        name = m.group(1) or m.group(2)
-        default = m.group(4)
+        if m.group(1):
+            return "$"
+        name = m.group(2) or m.group(3)
+        operator, word = m.group(4), m.group(5) or ""
         value = variables.get(name)
-        if m.group(3) == ":-":
-            return value if value else (default or "")
-        if m.group(3) == ":+":
-            return (default or "") if value else ""
+        if operator == ":-":
+            return value if value else word
+        if operator == "-":
+            return value if value is not None else word
+        if operator == ":+":
+            return word if value else ""
+        if operator == "+":
+            return word if value is not None else ""
+        if not value and missing is not None:
+            missing.append(name)
         return value or ""
-    return re.sub(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:-|:\+)([^}]*))?\})", repl, text)
+    return _VARIABLE.sub(repl, text)
 
 
 def _flags(args: str) -> Tuple[Dict[str, str], str]:
@@ -114,115 +202,99 @@ def _flags(args: str) -> Tuple[Dict[str, str], str]:
     return flags, args
 
 
-def _key_values(args: str) -> List[Tuple[str, str]]:
-    if "=" not in args.split(None, 1)[0]:
-        key, _, value = args.partition(" ")
-        return [(key, value.strip())]
-    pairs = []
-    for token in shlex.split(args):
-        key, _, value = token.partition("=")
-        pairs.append((key, value))
-    return pairs
+class _Converter:
+    """State of one conversion; ``fail`` makes the one-line error naming the Dockerfile and line."""
 
+    def __init__(self, where: str, context: str, build_args: Dict[str, Optional[str]]):
+        self.where, self.context, self.build_args = where, context, build_args
+        self.warnings: List[str] = []
+        self.stages: List[Stage] = []
+        self.global_args: Dict[str, Optional[str]] = {}
+        self.declared: Dict[str, Optional[str]] = {}
+        self.env: Dict[str, str] = {}
+        self.stage: Optional[Stage] = None
+        self.staged = 0
+        self.line = 0
 
-def convert(dockerfile: str, context: str, build_args: Dict[str, Optional[str]], target: Optional[str],
-            where: str, image_ref=lambda image: image) -> ConvertedDockerfile:
-    """Convert Dockerfile text. ``context`` is the absolute build context directory;
-    ``image_ref`` maps a FROM image to the reference to pull (a registry mirror)."""
-    warnings: List[str] = []
-    stages: List[Stage] = []
-    global_args: Dict[str, str] = {}
-    declared: Dict[str, str] = {}
-    env: Dict[str, str] = {}
-    stage: Optional[Stage] = None
-    staged = 0
+    def fail(self, message: str) -> ComposeError:
+        return ComposeError(f"{self.where}: line {self.line}: {message}")
 
-    def variables() -> Dict[str, str]:
-        return {**declared, **env}
+    def warn(self, message: str) -> None:
+        self.warnings.append(f"{self.where}: line {self.line}: {message}")
 
-    for line, op, args in _instructions(dockerfile):
+    def variables(self) -> Dict[str, Optional[str]]:
+        return {**self.declared, **self.env}
+
+    def split(self, args: str) -> List[str]:
+        try:
+            return shlex.split(args)
+        except ValueError as exc:  # "No closing quotation", "No escaped character"
+            raise self.fail(f"cannot split {args!r}: {str(exc).lower()}") from None
+
+    def key_values(self, op: str, args: str) -> List[Tuple[str, str]]:
+        """ENV/LABEL arguments: `KEY value` (old form) or `KEY=value ...` with quotes."""
+        if not args.strip():
+            raise self.fail(f"{op} needs KEY=value")
+        first = args.split(None, 1)[0]
+        if "=" not in first:
+            key, _, value = args.partition(" ")
+            value = value.strip()
+            if not value:
+                raise self.fail(f"{op} {key} has no value")
+            return [(key, " ".join(self.split(value)) if value[:1] in "'\"" else value)]
+        pairs = []
+        for token in self.split(args):
+            key, sep, value = token.partition("=")
+            if not sep or not key:
+                raise self.fail(f"{op}: expected KEY=value, not {token!r}")
+            pairs.append((key, value))
+        return pairs
+
+    def instruction(self, ins: Instruction) -> None:
+        self.line = ins.line
+        op, args = ins.op, ins.args
         if op == "ARG":
-            for key, value in _key_values(args) if "=" in args else [(args.strip(), "")]:
-                given = build_args.get(key)
-                resolved = given if given is not None else (global_args.get(key, value) if stage else value)
-                if stage is None:
-                    global_args[key] = resolved
-                else:
-                    declared[key] = resolved
-                    stage.post.append(f"export {key}={shlex.quote(resolved)}")
-            continue
+            self.arg(args)
+            return
         if op == "FROM":
-            flags, rest = _flags(args)
-            parts = rest.split()
-            base = _expand(parts[0], global_args)
-            name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else str(len(stages))
-            known = {s.name: s for s in stages}
-            stage = Stage(name=name, base=base)
-            if base in known:  # FROM an earlier stage: start from its recipe
-                parent = known[base]
-                stage.base, stage.files = parent.base, list(parent.files)
-                stage.from_stages = list(parent.from_stages)
-                stage.post, stage.environment = list(parent.post), list(parent.environment)
-                stage.workdir = parent.workdir
-            stages.append(stage)
-            declared, env = {}, {}
-            continue
+            self.from_(args)
+            return
+        stage = self.stage
         if stage is None:
-            raise ComposeError(f"{where}: line {line}: {op} before FROM")
+            raise self.fail(f"{op} before FROM")
         if op == "RUN":
-            flags, rest = _flags(args)
+            _, rest = _flags(args)
+            if ins.heredocs:
+                if not _HEREDOC.fullmatch(rest.strip()) or len(ins.heredocs) != 1:
+                    raise self.fail("only a plain `RUN <<WORD` heredoc is supported")
+                stage.post.append(_quote(stage.shell + [ins.heredocs[0]]))
+                return
             argv = _exec_form(rest)
-            stage.post.append(_quote(argv) if argv is not None else rest)
+            if argv is not None:
+                stage.post.append(_quote(argv))
+            elif stage.shell != DEFAULT_SHELL:
+                stage.post.append(_quote(stage.shell + [rest]))
+            elif rest.strip():
+                stage.post.append(rest)
         elif op in ("COPY", "ADD"):
-            flags, rest = _flags(args)
-            argv = _exec_form(rest) or shlex.split(rest)
-            if len(argv) < 2:
-                raise ComposeError(f"{where}: line {line}: {op} needs a source and a destination")
-            *sources, dest = [_expand(a, variables()) for a in argv]
-            into_dir = dest.endswith(("/", "/.")) or dest in (".", "..") or len(sources) > 1
-            dest = os.path.normpath(dest if dest.startswith("/") else os.path.join(stage.workdir, dest))
-            quoted = shlex.quote(dest)
-            stage.post.append(f"mkdir -p {quoted if into_dir else shlex.quote(os.path.dirname(dest))}")
-            for source in sources:
-                if re.match(r"https?://", source):
-                    target = os.path.join(dest, os.path.basename(source)) if into_dir else dest
-                    stage.post.append(f"curl -fsSL -o {shlex.quote(target)} {shlex.quote(source)}")
-                    continue
-                staged += 1
-                # staged under its own name, so that a file copied into a directory keeps it
-                name = os.path.basename(os.path.normpath(source)) or "context"
-                staging = f"{STAGING}/{staged}/{name}"
-                if flags.get("from"):
-                    stage.from_stages.append((flags["from"], source, staging))
-                else:
-                    host = os.path.normpath(os.path.join(context, source))
-                    if host != os.path.normpath(context) and not host.startswith(os.path.normpath(context) + os.sep):
-                        raise ComposeError(f"{where}: line {line}: {source} is outside the build context")
-                    if any(ch in source for ch in "*?["):
-                        warnings.append(f"{where}: line {line}: wildcards in {op} are not expanded")
-                    stage.files.append((host, staging))
-                if op == "ADD" and re.search(r"\.(tar|tar\.gz|tgz|tar\.bz2|tar\.xz)$", source) and not flags.get("from"):
-                    stage.post.append(f"mkdir -p {quoted} && tar -xf {staging} -C {quoted}")
-                elif into_dir:
-                    stage.post.append(f"if [ -d {staging} ]; then cp -a {staging}/. {quoted}/; "
-                                      f"else cp -a {staging} {quoted}/; fi")
-                else:
-                    stage.post.append(f"if [ -d {staging} ]; then mkdir -p {quoted} && cp -a {staging}/. {quoted}/; "
-                                      f"else cp -a {staging} {quoted}; fi")
-            if flags.get("chown") or flags.get("chmod"):
-                warnings.append(f"{where}: line {line}: {op} --chown/--chmod ignored (files belong to the caller)")
+            self.copy(op, args, ins.heredocs)
         elif op == "ENV":
-            for key, value in _key_values(args):
-                value = _expand(value, variables())
-                env[key] = value
-                stage.post.append(f"export {key}={shlex.quote(value)}")
-                stage.environment.append(f"export {key}={shlex.quote(value)}")
+            for key, value in self.key_values(op, args):
+                value = expand(value, self.variables())
+                self.env[key] = value
+                if not _NAME.match(key):
+                    self.warn(f"ENV {key!r} is not a shell variable name; not exported")
+                    continue
+                stage.post.append(f"export {key}={sh_quote(value)}")
+                stage.environment.append(f"export {key}={sh_quote(value)}")
         elif op == "WORKDIR":
-            path = _expand(args.strip(), variables())
-            stage.workdir = path if path.startswith("/") else os.path.join(stage.workdir, path)
-            stage.post.append(f"mkdir -p {shlex.quote(stage.workdir)} && cd {shlex.quote(stage.workdir)}")
+            path = expand(args.strip(), self.variables())
+            if not path:
+                raise self.fail("WORKDIR needs a path")
+            stage.workdir = os.path.normpath(path if path.startswith("/") else os.path.join(stage.workdir, path))
+            stage.post.append(f"mkdir -p {sh_quote(stage.workdir)} && cd {sh_quote(stage.workdir)}")
         elif op == "USER":
-            stage.user = args.strip()
+            stage.user = expand(args.strip(), self.variables()) or None
         elif op in ("ENTRYPOINT", "CMD"):
             argv = _exec_form(args)
             shell = argv is None
@@ -233,19 +305,158 @@ def convert(dockerfile: str, context: str, build_args: Dict[str, Optional[str]],
             else:
                 stage.cmd, stage.cmd_shell = value, shell
         elif op == "EXPOSE":
-            for token in args.split():
+            for token in expand(args, self.variables()).split():
                 port = token.split("/")[0]
-                if port.isdigit():
+                if port.isdigit() and not token.endswith("/udp"):
                     stage.exposed.append(int(port))
         elif op == "LABEL":
-            for key, value in _key_values(args):
-                stage.labels[key] = value
+            for key, value in self.key_values(op, args):
+                if not _LABEL_KEY.match(key):
+                    self.warn(f"LABEL {key!r} is not kept (only letters, digits and ._/- in label names)")
+                    continue
+                stage.labels[key] = comment_text(expand(value, self.variables()))
+        elif op == "SHELL":
+            argv = _exec_form(args)
+            if not argv:
+                raise self.fail('SHELL needs the JSON form, e.g. SHELL ["/bin/bash", "-c"]')
+            stage.shell = argv
         elif op in ("HEALTHCHECK", "STOPSIGNAL", "VOLUME", "MAINTAINER"):
             pass  # compose's healthcheck / stop_signal / volumes apply instead
-        elif op in ("SHELL", "ONBUILD"):
-            warnings.append(f"{where}: line {line}: {op} is not supported and was ignored")
+        elif op == "ONBUILD":
+            self.warn("ONBUILD is not supported and was ignored")
         else:
-            raise ComposeError(f"{where}: line {line}: unknown Dockerfile instruction {op}")
+            raise self.fail(f"unknown Dockerfile instruction {op[:40] if op.isprintable() else repr(op[:40])}")
+
+    def arg(self, args: str) -> None:
+        if not args.strip():
+            raise self.fail("ARG needs a name")
+        for token in self.split(args):
+            key, sep, default = token.partition("=")
+            if not _NAME.match(key):
+                raise self.fail(f"ARG {key!r} is not a valid name")
+            given = self.build_args.get(key)
+            if self.stage is None:
+                value = given if given is not None else (expand(default, self.global_args) if sep else None)
+                self.global_args[key] = value
+                continue
+            if given is not None:
+                value = given
+            elif sep:
+                value = expand(default, self.variables())
+            else:
+                value = self.global_args.get(key)
+            self.declared[key] = value
+            if value is not None:
+                self.stage.post.append(f"export {key}={sh_quote(value)}")
+
+    def from_(self, args: str) -> None:
+        _, rest = _flags(args)
+        parts = rest.split()
+        if not parts:
+            raise self.fail("FROM needs an image")
+        if len(parts) not in (1, 3) or len(parts) == 3 and parts[1].upper() != "AS":
+            raise self.fail(f"expected FROM IMAGE [AS NAME], not FROM {rest}")
+        missing: List[str] = []
+        base = expand(parts[0], self.global_args, missing)
+        if not base or "$" in base or base.endswith((":", "@")) or base.startswith(("/", ":", "@")):
+            unset = ", ".join(f"ARG {name}" for name in dict.fromkeys(missing))
+            reason = f"{unset} has no value" if unset else "it is not an image reference"
+            raise self.fail(f"FROM {parts[0]} expands to {base!r}: {reason} (set it in build.args or give the "
+                            "ARG a default before FROM)")
+        name = parts[2] if len(parts) == 3 else str(sum(1 for s in self.stages if not s.name.startswith(IMAGE_STAGE)))
+        known = {s.name: s for s in self.stages}
+        stage = Stage(name=name, base=base)
+        if base in known:  # FROM an earlier stage: start from its recipe
+            parent = known[base]
+            stage.base, stage.files = parent.base, list(parent.files)
+            stage.from_stages = list(parent.from_stages)
+            stage.post, stage.environment = list(parent.post), list(parent.environment)
+            stage.workdir, stage.shell = parent.workdir, list(parent.shell)
+            stage.entrypoint, stage.cmd = parent.entrypoint, parent.cmd
+            stage.entrypoint_shell, stage.cmd_shell = parent.entrypoint_shell, parent.cmd_shell
+        else:
+            header_value(base, f"{self.where}: line {self.line}: FROM image")
+        self.stages.append(stage)
+        self.stage = stage
+        self.declared, self.env = {}, {}
+
+    def source_stage(self, name: str) -> str:
+        """The stage that COPY --from=NAME reads: an earlier stage by name or number, or an image,
+        which becomes a stage of its own (Apptainer copies %files from stages only)."""
+        named = [s for s in self.stages if not s.name.startswith(IMAGE_STAGE)]
+        if name.isdigit() and int(name) < len(named):
+            return named[int(name)].name
+        if any(s.name == name for s in self.stages):
+            return name
+        for stage in self.stages:
+            if stage.name.startswith(IMAGE_STAGE) and stage.base == name:
+                return stage.name
+        header_value(name, f"{self.where}: line {self.line}: COPY --from image")
+        stage = Stage(name=f"{IMAGE_STAGE}{len(self.stages)}", base=name)
+        self.stages.insert(self.stages.index(self.stage), stage)
+        return stage.name
+
+    def copy(self, op: str, args: str, heredocs: List[str]) -> None:
+        stage = self.stage
+        flags, rest = _flags(args)
+        if heredocs:
+            argv = self.split(_HEREDOC.sub("", rest))
+            if len(argv) != 1 or len(heredocs) != 1:
+                raise self.fail(f"only `{op} <<WORD DEST` is supported with a heredoc")
+            dest = expand(argv[0], self.variables())
+            dest = os.path.normpath(dest if dest.startswith("/") else os.path.join(stage.workdir, dest))
+            stage.post.append(f"mkdir -p {sh_quote(os.path.dirname(dest))} && "
+                              f"printf %s {sh_quote(heredocs[0])} > {sh_quote(dest)}")
+            return
+        argv = _exec_form(rest) or self.split(rest)
+        if len(argv) < 2:
+            raise self.fail(f"{op} needs a source and a destination")
+        *sources, dest = [expand(a, self.variables()) for a in argv]
+        into_dir = dest.endswith(("/", "/.")) or dest in (".", "..") or len(sources) > 1
+        dest = os.path.normpath(dest if dest.startswith("/") else os.path.join(stage.workdir, dest))
+        quoted = sh_quote(dest)
+        stage.post.append(f"mkdir -p {quoted if into_dir else sh_quote(os.path.dirname(dest))}")
+        source_stage = self.source_stage(expand(flags["from"], self.global_args)) if flags.get("from") else None
+        for source in sources:
+            if re.match(r"https?://", source):
+                target = os.path.join(dest, os.path.basename(source)) if into_dir else dest
+                stage.post.append(f"curl -fsSL -o {sh_quote(target)} {sh_quote(source)}")
+                continue
+            self.staged += 1
+            # staged under its own name, so that a file copied into a directory keeps it
+            name = os.path.basename(os.path.normpath(source)) or "context"
+            staging = f"{STAGING}/{self.staged}/{name}"
+            if source_stage:
+                stage.from_stages.append((source_stage, _files_path(source, self.where), _files_path(staging, self.where)))
+            else:
+                host = os.path.normpath(os.path.join(self.context, source))
+                context = os.path.normpath(self.context)
+                if host != context and not host.startswith(context + os.sep):
+                    raise self.fail(f"{source} is outside the build context")
+                if any(ch in source for ch in "*?["):
+                    self.warn(f"wildcards in {op} are not expanded")
+                stage.files.append((_files_path(host, self.where), _files_path(staging, self.where)))
+            staged_q = sh_quote(staging)
+            if op == "ADD" and re.search(r"\.(tar|tar\.gz|tgz|tar\.bz2|tar\.xz)$", source) and not source_stage:
+                stage.post.append(f"mkdir -p {quoted} && tar -xf {staged_q} -C {quoted}")
+            elif into_dir:
+                stage.post.append(f"if [ -d {staged_q} ]; then cp -a {staged_q}/. {quoted}/; "
+                                  f"else cp -a {staged_q} {quoted}/; fi")
+            else:
+                stage.post.append(f"if [ -d {staged_q} ]; then mkdir -p {quoted} && cp -a {staged_q}/. {quoted}/; "
+                                  f"else cp -a {staged_q} {quoted}; fi")
+        if flags.get("chown") or flags.get("chmod"):
+            self.warn(f"{op} --chown/--chmod ignored (files belong to the caller)")
+
+
+def convert(dockerfile: str, context: str, build_args: Dict[str, Optional[str]], target: Optional[str],
+            where: str, image_ref=lambda image: image) -> ConvertedDockerfile:
+    """Convert Dockerfile text. ``context`` is the absolute build context directory;
+    ``image_ref`` maps a FROM image to the reference to pull (a registry mirror)."""
+    converter = _Converter(where, context, build_args)
+    for ins in parse(dockerfile, where):
+        converter.instruction(ins)
+    stages = converter.stages
     if not stages:
         raise ComposeError(f"{where}: no FROM instruction")
     final = stages[-1]
@@ -256,10 +467,12 @@ def convert(dockerfile: str, context: str, build_args: Dict[str, Optional[str]],
         final = matching[0]
     needed = _needed_stages(stages, final)
     for stage in needed:
-        if stage.base != "scratch":
-            stage.base = image_ref(stage.base)
+        if stage.base == "scratch":
+            raise ComposeError(f"{where}: stage {stage.name} is FROM scratch, which cannot be built into a SIF "
+                               "without a base image")
+        stage.base = header_value(image_ref(stage.base), f"{where}: FROM image")
     return ConvertedDockerfile(definition=_render(needed, final), workdir=final.workdir,
-                               exposed=final.exposed, user=final.user, warnings=warnings)
+                               exposed=final.exposed, user=final.user, warnings=converter.warnings)
 
 
 def _needed_stages(stages: List[Stage], final: Stage) -> List[Stage]:
@@ -276,21 +489,15 @@ def _needed_stages(stages: List[Stage], final: Stage) -> List[Stage]:
     return [s for s in stages if s in needed]
 
 
-def _bootstrap(base: str) -> str:
-    if base == "scratch":
-        raise ComposeError("FROM scratch images cannot be built into a SIF without a base")
-    return f"Bootstrap: docker\nFrom: {base}\n"
-
-
 def _runscript(stage: Stage) -> List[str]:
     entry, cmd = stage.entrypoint, stage.cmd
     if entry and stage.entrypoint_shell:
-        return [f"exec /bin/sh -c {shlex.quote(entry[0])}"]
+        return [f"exec {_quote(stage.shell + [entry[0]])}"]
     if entry:
-        default = ("" if not cmd else " " + (f"/bin/sh -c {shlex.quote(cmd[0])}" if stage.cmd_shell else _quote(cmd)))
+        default = "" if not cmd else " " + _quote(stage.shell + [cmd[0]] if stage.cmd_shell else cmd)
         return [f'if [ "$#" -gt 0 ]; then exec {_quote(entry)} "$@"; fi', f"exec {_quote(entry)}{default}"]
     if cmd:
-        run = f"/bin/sh -c {shlex.quote(cmd[0])}" if stage.cmd_shell else _quote(cmd)
+        run = _quote(stage.shell + [cmd[0]] if stage.cmd_shell else cmd)
         return ['if [ "$#" -gt 0 ]; then exec "$@"; fi', f"exec {run}"]
     return ['if [ "$#" -gt 0 ]; then exec "$@"; fi', "exec /bin/sh"]
 
@@ -298,7 +505,7 @@ def _runscript(stage: Stage) -> List[str]:
 def _render(stages: List[Stage], final: Stage) -> str:
     out: List[str] = []
     for stage in stages:
-        out.append(_bootstrap(stage.base) + f"Stage: {_stage_label(stage.name)}\n")
+        out.append(f"Bootstrap: docker\nFrom: {stage.base}\nStage: {_stage_label(stage.name)}\n")
         if stage.files:
             out.append("%files")
             out += [f"    {host} {staging}" for host, staging in stage.files]
@@ -307,23 +514,25 @@ def _render(stages: List[Stage], final: Stage) -> str:
             out.append(f"%files from {_stage_label(source_stage)}")
             out += [f"    {path} {staging}" for s, path, staging in stage.from_stages if s == source_stage]
             out.append("")
+        if stage.name.startswith(IMAGE_STAGE):
+            continue  # only copied from; the image may have no shell to run a %post
         out.append("%post")
-        out.append(f"    mkdir -p {shlex.quote(STAGING)}")
-        out += [f"    {line}" for line in stage.post]
-        out.append(f"    rm -rf {shlex.quote(STAGING)}")
+        out.append(f"    mkdir -p {STAGING}")
+        out += [_body_line(line) for line in stage.post]
+        out.append(f"    rm -rf {STAGING}")
         out.append("")
         if stage is final:
             if stage.environment:
                 out.append("%environment")
-                out += [f"    {line}" for line in stage.environment]
+                out += [_body_line(line) for line in stage.environment]
                 out.append("")
             if stage.labels:
                 out.append("%labels")
                 out += [f"    {k} {v}" for k, v in stage.labels.items()]
                 out.append("")
             out.append("%runscript")
-            out.append(f"    cd {shlex.quote(stage.workdir)} 2>/dev/null || true")
-            out += [f"    {line}" for line in _runscript(stage)]
+            out.append(f"    cd {sh_quote(stage.workdir)} 2>/dev/null || true")
+            out += [_body_line(line) for line in _runscript(stage)]
             out.append("")
     return "\n".join(out)
 

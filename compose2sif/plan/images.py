@@ -9,14 +9,18 @@ SingularityCE version, including the old setuid installs on RHEL7 (no ``instance
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from compose2sif.errors import ComposeError
 from compose2sif.model import Service
 from compose2sif.plan import dockerfile
+from compose2sif.plan.dockerfile import comment_text, header_value
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 STARTSCRIPT = """%startscript
     # compose2sif: run this service's command (set per service in its env file), else the image's own
@@ -39,6 +43,7 @@ class ImageSource:
     workdir: Optional[str] = None  # known from a Dockerfile
     exposed: List[int] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
+    pull_candidate: Optional[str] = None  # built, but pulled instead when its registry has this image
 
     @property
     def digest(self) -> str:
@@ -65,7 +70,7 @@ def docker_reference(image: str, mirror: Optional[str]) -> str:
 
 
 def _definition(header: str, comment: str) -> str:
-    return f"# {comment}\n{header}\n{STARTSCRIPT}"
+    return f"# {comment_text(comment)}\n{header}\n{STARTSCRIPT}"
 
 
 def source_override(service: Service, cli_sources: Dict[str, str]) -> Optional[Dict[str, str]]:
@@ -85,9 +90,47 @@ def source_override(service: Service, cli_sources: Dict[str, str]) -> Optional[D
     return {str(k): str(v) for k, v in hint.items()}
 
 
+def _checked(value: Any, path: str) -> str:
+    """A compose value that ends up in a definition: one line, no control characters."""
+    text = str(value)
+    if _CONTROL.search(text):
+        raise ComposeError("contains a newline or another control character, which could change the image's "
+                           "definition; refused", path=path)
+    return text
+
+
+def build_args(service: Service) -> Dict[str, Optional[str]]:
+    """``build.args`` in either form, map or list (``- NAME=value`` / ``- NAME``); a name without a
+    value is resolved from the environment by the loader, and stays unset (None) when it has none."""
+    args = (service.build or {}).get("args") or {}
+    if isinstance(args, list):
+        args = dict(str(a).split("=", 1) if "=" in str(a) else (str(a), None) for a in args)
+    where = f"services.{service.name}.build.args"
+    return {_checked(k, where): (None if v is None else _checked(v, f"{where}.{k}")) for k, v in args.items()}
+
+
+def pull_or_build(service: Service, image_configs: Optional[Dict[str, Any]]) -> Tuple[str, Optional[str]]:
+    """("pull" | "build", why) for a service with both ``build`` and ``image``, as Compose decides:
+    ``pull_policy: build`` always builds; otherwise (missing, always, daily...) the image is pulled
+    when it can be had and built when it cannot. Here "can be had" is "its registry gave us its
+    configuration" (``image_configs``, filled by convert unless --offline)."""
+    policy = str(service.raw.get("pull_policy") or "missing")
+    if policy == "build":
+        return "build", None
+    if policy == "never":
+        return "build", (f"service {service.name!r}: pull_policy never with build: built (no image is "
+                         "stored here to reuse)")
+    if image_configs is not None and service.image in image_configs:
+        return "pull", (f"service {service.name!r}: image {service.image} is in its registry: pulled, not built "
+                        "(pull_policy: build builds it)")
+    return "build", (f"service {service.name!r}: image {service.image} could not be read from its registry "
+                     "(--offline, or it is not there): built from build: instead")
+
+
 def plan_images(services: List[Service], working_dir: str, mirror: Optional[str],
-                cli_sources: Dict[str, str]) -> Dict[str, ImageSource]:
-    """Image sources by key, each listing the services that use it."""
+                cli_sources: Dict[str, str], image_configs: Optional[Dict[str, Any]] = None) -> Dict[str, ImageSource]:
+    """Image sources by key, each listing the services that use it. ``image_configs``: images whose
+    registry answered; decides pull or build for services that have both ``build`` and ``image``."""
     sources: Dict[str, ImageSource] = {}
     by_identity: Dict[str, str] = {}
 
@@ -103,65 +146,91 @@ def plan_images(services: List[Service], working_dir: str, mirror: Optional[str]
         by_identity[identity] = source.key
         return source
 
+    def pulled(image: str, where: str) -> ImageSource:
+        ref = header_value(docker_reference(_checked(image, where), mirror), "image", where)
+        return add(f"docker:{image}", lambda: ImageSource(
+            _key(image), "docker", image, _definition(f"Bootstrap: docker\nFrom: {ref}\n", f"image {image}")))
+
     for service in services:
         override = source_override(service, cli_sources)
+        decision_note = None
         if override:
             kind, path = next(iter(override.items()))
-            path = os.path.normpath(os.path.join(working_dir, os.path.expanduser(path)))
+            where = f"services.{service.name}.x-compose2sif.image"
             if kind == "docker":
-                source = add(f"docker:{override['docker']}", lambda: ImageSource(
-                    _key(override["docker"]), "docker", override["docker"],
-                    _definition(f"Bootstrap: docker\nFrom: {docker_reference(override['docker'], mirror)}\n",
-                                f"image {override['docker']}")))
-            elif kind == "sif":
-                source = add(f"sif:{path}", lambda: ImageSource(
-                    _key(os.path.basename(path).rsplit(".", 1)[0]), "sif", path,
-                    _definition(f"Bootstrap: localimage\nFrom: {path}\n", f"ready SIF {path}")))
+                source = pulled(override["docker"], where)
             else:
-                source = add(f"{kind}:{path}", lambda: ImageSource(
-                    _key(os.path.basename(path).split(".")[0]), kind, path,
-                    _definition(f"Bootstrap: {kind}\nFrom: {path}\n", f"{kind} {path}")))
+                path = os.path.normpath(os.path.join(working_dir, os.path.expanduser(_checked(path, where))))
+                header = header_value(path, kind, where)
+                if kind == "sif":
+                    source = add(f"sif:{path}", lambda: ImageSource(
+                        _key(os.path.basename(path).rsplit(".", 1)[0]), "sif", path,
+                        _definition(f"Bootstrap: localimage\nFrom: {header}\n", f"ready SIF {path}")))
+                else:
+                    source = add(f"{kind}:{path}", lambda: ImageSource(
+                        _key(os.path.basename(path).split(".")[0]), kind, path,
+                        _definition(f"Bootstrap: {kind}\nFrom: {header}\n", f"{kind} {path}")))
         elif service.build is not None:
-            source = add(f"build:{service.name}", lambda: _build_source(service, working_dir, mirror))
+            choice = "build"
+            if service.image:
+                choice, decision_note = pull_or_build(service, image_configs)
+            if choice == "pull":
+                source = pulled(service.image, f"services.{service.name}.image")
+            else:
+                identity, make = _build(service, working_dir, mirror)
+                source = add(identity, make)
+                if service.image and decision_note is not None:
+                    source.pull_candidate = service.image
         elif service.image:
-            image = service.image
-            source = add(f"docker:{image}", lambda: ImageSource(
-                _key(image), "docker", image,
-                _definition(f"Bootstrap: docker\nFrom: {docker_reference(image, mirror)}\n", f"image {image}")))
+            source = pulled(service.image, f"services.{service.name}.image")
         else:
             raise ComposeError("has neither an image nor a build context", path=f"services.{service.name}")
+        if decision_note:
+            source.warnings.append(decision_note)
         source.services.append(service.name)
     return sources
 
 
-def _build_source(service: Service, working_dir: str, mirror: Optional[str]) -> ImageSource:
+def _build(service: Service, working_dir: str, mirror: Optional[str]):
+    """(identity, maker) of a build: services with the same context, Dockerfile, args and target
+    share one definition and one SIF."""
     build = service.build or {}
-    context = build.get("context") or working_dir
+    where = f"services.{service.name}.build"
+    context = _checked(build.get("context") or working_dir, f"{where}.context")
     if "://" in context or context.startswith(("git@", "github.com/")):
         raise ComposeError("remote build contexts are not supported; clone it and point build.context at it",
-                           path=f"services.{service.name}.build.context")
-    where = f"services.{service.name}.build"
+                           path=f"{where}.context")
+    args = build_args(service)
+    target = _checked(build["target"], f"{where}.target") if build.get("target") else None
     if build.get("dockerfile_inline"):
-        text, name = build["dockerfile_inline"], "dockerfile_inline"
+        text, name = str(build["dockerfile_inline"]), f"{where}.dockerfile_inline"
     else:
-        path = os.path.join(context, build.get("dockerfile") or "Dockerfile")
+        name = os.path.join(context, _checked(build.get("dockerfile") or "Dockerfile", f"{where}.dockerfile"))
         try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
+            with open(name, "rb") as fh:
+                data = fh.read()
         except OSError as exc:
-            raise ComposeError(f"cannot read the Dockerfile {path}: {exc.strerror}", path=where) from None
-        name = path
-    args = build.get("args") or {}
-    if isinstance(args, list):
-        args = dict(a.split("=", 1) if "=" in a else (a, None) for a in args)
-    converted = dockerfile.convert(text, context, {k: (None if v is None else str(v)) for k, v in args.items()},
-                                   build.get("target"), name, lambda image: docker_reference(image, mirror))
-    key = _key(service.image) if service.image else _key(f"build-{service.name}")
-    header = converted.definition
-    definition = f"# built from {name}\n{header}\n{STARTSCRIPT}"
-    warnings = list(converted.warnings)
-    if converted.user and converted.user not in ("root", "0"):
-        warnings.append(f"service {service.name!r}: the Dockerfile's USER {converted.user} is ignored; "
-                        "Apptainer runs the service as you")
-    return ImageSource(key, "build", context, definition, workdir=converted.workdir, exposed=converted.exposed,
-                       warnings=warnings)
+            raise ComposeError(f"cannot read the Dockerfile {name}: {exc.strerror}", path=where) from None
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            line = data[:exc.start].count(b"\n") + 1
+            raise ComposeError(f"{name}: line {line}: not UTF-8 text", path=where) from None
+    identity = "build:" + json.dumps([context, name, text, sorted(args.items()), target])
+
+    def make() -> ImageSource:
+        try:
+            converted = dockerfile.convert(text, context, args, target, name,
+                                           lambda image: docker_reference(image, mirror))
+        except ComposeError as exc:
+            exc.path = exc.path or where
+            raise
+        key = _key(service.image) if service.image else _key(f"build-{service.name}")
+        definition = f"# built from {comment_text(name)}\n{converted.definition}\n{STARTSCRIPT}"
+        warnings = list(converted.warnings)
+        if converted.user and converted.user not in ("root", "0"):
+            warnings.append(f"service {service.name!r}: the Dockerfile's USER {converted.user} is ignored; "
+                            "Apptainer runs the service as you")
+        return ImageSource(key, "build", context, definition, workdir=converted.workdir,
+                           exposed=converted.exposed, warnings=warnings)
+    return identity, make
