@@ -81,9 +81,10 @@ def _previous_endpoints(out_dir: str) -> set:
     try:
         with open(os.path.join(out_dir, "plan.json"), encoding="utf-8") as fh:
             plan = json.load(fh)
-        return {(p["address"], p["host"]) for s in plan.get("services", []) for p in s.get("ports", [])}
+        ours = {(p["address"], p["host"]) for s in plan.get("services", []) for p in s.get("ports", [])}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return set()
+    return ours | {("::", port) for address, port in ours if address == "0.0.0.0"}  # nginx's `listen [::]:P`
 
 
 def _convert(project, output, registry_mirror=None, image_sources=(), port_base=None, offline=False,
