@@ -103,6 +103,11 @@ def _write(path: str, text: str, mode: int = 0o600) -> None:
     os.replace(tmp, path)
 
 
+def write_private(out_dir: str, name: str, text: str) -> None:
+    """A file only its owner may read (generated secrets)."""
+    _write(os.path.join(out_dir, name), text, 0o600)
+
+
 def _tmp_source(service: ServicePlan) -> str:
     for bind in service.binds:
         if bind.target == "/tmp":

@@ -4,13 +4,15 @@ The generic planner never tests an image's name: it asks ``adapter_for(image)`` 
 the adapter supplies (ports and their knobs, the address knob, writable paths, the image's
 default command) and lets it ``finish`` the service once the plan is decided.
 """
-from typing import List, Optional
+import re
+from typing import Iterable, List, Optional, Set
 
 from compose2sif.adapters import dify, llamacpp, mongo, mysql, nginx, postgres, redis, squid, vllm, weaviate
 from compose2sif.adapters.base import Adapter, Draft
 
-ADAPTERS: List[Adapter] = [postgres.ADAPTER, redis.ADAPTER, mysql.ADAPTER, mongo.ADAPTER, nginx.ADAPTER,
-                           llamacpp.ADAPTER, vllm.ADAPTER, weaviate.ADAPTER, squid.ADAPTER, *dify.ADAPTERS]
+# first match wins: a preset's adapters come before the general ones they refine
+ADAPTERS: List[Adapter] = [*dify.ADAPTERS, postgres.ADAPTER, redis.ADAPTER, mysql.ADAPTER, mongo.ADAPTER,
+                           nginx.ADAPTER, llamacpp.ADAPTER, vllm.ADAPTER, weaviate.ADAPTER, squid.ADAPTER]
 
 
 def repository(image: Optional[str]) -> str:
@@ -27,9 +29,18 @@ def repository(image: Optional[str]) -> str:
     return "/".join(parts)
 
 
-def adapter_for(image: Optional[str]) -> Optional[Adapter]:
+PRESETS = {"dify": r"(^|/)langgenius/dify-"}   # a project is Dify's when one of its images is
+
+
+def presets_for(images: Iterable[Optional[str]]) -> Set[str]:
+    return {name for name, pattern in PRESETS.items()
+            if any(re.search(pattern, repository(image)) for image in images)}
+
+
+def adapter_for(image: Optional[str], presets: Set[str] = frozenset()) -> Optional[Adapter]:
     repo = repository(image)
-    return next((a for a in ADAPTERS if repo and a.matches(repo)), None)
+    return next((a for a in ADAPTERS if repo and a.matches(repo) and (a.preset is None or a.preset in presets)),
+                None)
 
 
-__all__ = ["ADAPTERS", "Adapter", "Draft", "adapter_for", "repository"]
+__all__ = ["ADAPTERS", "PRESETS", "Adapter", "Draft", "adapter_for", "presets_for", "repository"]

@@ -27,6 +27,7 @@ class Draft:
     refs: References
     tls: bool                         # --tls: put HTTPS in front of it if the adapter can
     tls_ports: Dict[str, int]         # services serving HTTPS -> port (filled by adapters)
+    options: Dict[str, object] = field(default_factory=dict)  # user choices adapters read (ssrf_allow, ...)
     warnings: List[str] = field(default_factory=list)
 
 
@@ -37,7 +38,10 @@ class Adapter:
     ``ports``: the ports its images listen on by default, each with the knob that moves it;
     ``address``: the knob that tells it its listen address; ``default_command``: the image's CMD,
     needed when a knob is a flag and the compose file sets no command; ``writable``: directories
-    it writes inside the image; ``per_port_address``: each port can get an address of its own.
+    it writes inside the image; ``per_port_address``: each port can get an address of its own;
+    ``workdir``: the image's WORKDIR, known without asking its registry; ``secrets``: variables whose
+    public defaults must be replaced by generated values (variable -> default); ``preset``: the
+    adapter applies only to projects of that family (Dify's nginx is not every nginx).
     """
     family: str
     images: str                       # regex on the image repository (no registry, no tag)
@@ -46,6 +50,10 @@ class Adapter:
     default_command: Optional[Tuple[str, ...]] = None
     writable: Tuple[str, ...] = ()
     per_port_address: bool = False
+    workdir: Optional[str] = None
+    secrets: Dict[str, str] = field(default_factory=dict)
+    preset: Optional[str] = None
+    model_server: bool = False        # serves models (an SSRF allow-list should let clients reach it)
 
     def matches(self, repository: str) -> bool:
         return re.search(self.images, repository) is not None

@@ -7,4 +7,5 @@ ADAPTER = Adapter(
     images=r"llama\.cpp|llama-server|(^|/)llama$",
     ports={8080: Knob("flag", "--port", "{port}")},
     address=Knob("flag", "--host", "{address}"),
+    model_server=True,
 )

@@ -8,4 +8,5 @@ ADAPTER = Adapter(
     ports={27017: Knob("flag", "--port", "{port}")},
     address=Knob("flag", "--bind_ip", "{address}"),
     default_command=("mongod",),
+    workdir="/",  # the image's WORKDIR
 )

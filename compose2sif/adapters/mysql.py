@@ -9,4 +9,5 @@ ADAPTER = Adapter(
     address=Knob("flag", "--bind-address", "{address}"),
     default_command=("mysqld",),
     writable=("/var/run/mysqld", "/run/mysqld"),
+    workdir="/",  # the image's WORKDIR
 )

@@ -22,8 +22,12 @@ class Nginx(Adapter):
     def configurable(self, service) -> bool:
         return any(m.type == "bind" and m.target.startswith("/etc/nginx") for m in service.mounts)
 
+    def render_environment(self, draft: Draft) -> Dict[str, str]:
+        """The variables templates are rendered with (the official image: the service's own)."""
+        return draft.environment
+
     def finish(self, draft: Draft) -> None:
-        rendered, draft.binds, warnings = render_configs(draft)
+        rendered, draft.binds, warnings = render_configs(draft, self.render_environment(draft))
         draft.warnings += warnings
         draft.configs.update(rendered)
         if draft.tls:
@@ -37,6 +41,7 @@ ADAPTER = Nginx(
     address=Knob("config", "nginx listen"),
     per_port_address=True,
     writable=("/var/cache/nginx", "/var/run", "/run", "/var/log/nginx", "/var/lib/nginx"),
+    workdir="/",  # the image's WORKDIR
 )
 
 TEMPLATE_DIR = "/etc/nginx/templates"
@@ -67,18 +72,40 @@ def rewrite_ports(text: str, draft: Draft) -> str:
         return directive
 
     text = re.sub(r"(\blisten\s+)(?:(\[[^\]]*\]|[\w.-]+):)?(\d+)([^;]*;)", listen, text)
-    return draft.refs.rewrite(text, draft.name)
+    text = draft.refs.rewrite(text, draft.name)
+    return _without_docker_resolver(text, draft)
 
 
-def _render_file(path: str, draft: Draft, template: bool) -> str:
+def _without_docker_resolver(text: str, draft: Draft) -> str:
+    """`resolver 127.0.0.11` is Docker's DNS, which does not exist here, and nginx resolves a variable
+    upstream (`set $u api:5001; proxy_pass http://$u;`) only through a resolver, never /etc/hosts.
+    Such upstreams become the planned address and port, which need no resolver."""
+    if "127.0.0.11" not in text:
+        return text
+    network = draft.refs.network
+
+    def literal(m: "re.Match[str]") -> str:
+        service = draft.refs.service_of.get(m.group(2))
+        if service is None or network is None:
+            draft.warnings.append(f"service {draft.name!r}: nginx upstream {m.group(2)}:{m.group(3)} is no service "
+                                  "of this project; requests for it will fail")
+            return m.group(0)
+        port = draft.refs.port_of(m.group(2), int(m.group(3))) or int(m.group(3))
+        return f"{m.group(1)}{network.names_address(service)}:{port};"
+
+    text = re.sub(r"(\bset\s+\$\w+\s+)([A-Za-z_][\w.-]*):(\d+)\s*;", literal, text)
+    return re.sub(r"[ \t]*\bresolver\s+127\.0\.0\.11\b[^;]*;[ \t]*\n?", "", text)
+
+
+def _render_file(path: str, draft: Draft, env: Dict[str, str], template: bool) -> str:
     with open(path, encoding="utf-8", errors="replace") as fh:
         text = fh.read().replace("\r\n", "\n")
     if template:
-        text = envsubst(text, draft.environment)
+        text = envsubst(text, env)
     return rewrite_ports(text, draft)
 
 
-def render_configs(draft: Draft) -> Tuple[Dict[str, str], List[Bind], List[str]]:
+def render_configs(draft: Draft, env: Dict[str, str]) -> Tuple[Dict[str, str], List[Bind], List[str]]:
     """Render and rewrite the nginx configs mounted into the service.
 
     Returns (files: path in the output dir -> content, the service's new binds, warnings). Each
@@ -100,9 +127,9 @@ def render_configs(draft: Draft) -> Tuple[Dict[str, str], List[Bind], List[str]]
             for folder, _, files in os.walk(bind.source):
                 for file in sorted(files):
                     path = os.path.join(folder, file)
-                    _add(targets, path, os.path.join(bind.target, os.path.relpath(path, bind.source)), draft)
+                    _add(targets, path, os.path.join(bind.target, os.path.relpath(path, bind.source)), draft, env)
         elif os.path.isfile(bind.source):
-            if not _add(targets, bind.source, bind.target, draft):
+            if not _add(targets, bind.source, bind.target, draft, env):
                 kept.append(bind)
         else:
             warnings.append(f"service {service.name!r}: {bind.source} (mounted at {bind.target}) does not exist; "
@@ -110,9 +137,6 @@ def render_configs(draft: Draft) -> Tuple[Dict[str, str], List[Bind], List[str]]
             kept.append(bind)
     if any(t.startswith(OUTPUT_DIR + "/") for t in targets) and OUTPUT_DIR not in bound_dirs:
         bound_dirs.append(OUTPUT_DIR)
-    if any("resolver 127.0.0.11" in content for content in targets.values()):
-        warnings.append(f"service {service.name!r}: nginx config uses Docker's DNS (resolver 127.0.0.11), which "
-                        "does not exist here; names resolve through /etc/hosts only at startup")
     files = {f"{root}{target}": content for target, content in targets.items()}
     for directory in bound_dirs:
         kept.append(Bind(f"{root}{directory}", directory, True, "config", False))
@@ -122,15 +146,15 @@ def render_configs(draft: Draft) -> Tuple[Dict[str, str], List[Bind], List[str]]
     return files, kept, warnings
 
 
-def _add(targets: Dict[str, str], path: str, target: str, draft: Draft) -> bool:
+def _add(targets: Dict[str, str], path: str, target: str, draft: Draft, env: Dict[str, str]) -> bool:
     if target.endswith(SUFFIX):
         rendered = target[: -len(SUFFIX)]
         if target.startswith(TEMPLATE_DIR + "/"):
             rendered = OUTPUT_DIR + rendered[len(TEMPLATE_DIR):]
-        targets[rendered] = _render_file(path, draft, template=True)
+        targets[rendered] = _render_file(path, draft, env, template=True)
         return True
     if path.endswith(".conf") or os.path.basename(target) in ("nginx.conf", "default.conf"):
-        targets[target] = _render_file(path, draft, template=False)
+        targets[target] = _render_file(path, draft, env, template=False)
         return True
     return False
 

@@ -10,4 +10,5 @@ ADAPTER = Adapter(
     address=Knob("flag", "-c", "listen_addresses={address}", append=True),
     default_command=("postgres",),
     writable=("/var/run/postgresql",),
+    workdir="/",  # the image's WORKDIR
 )

@@ -32,6 +32,7 @@ ADAPTER = Redis(
     ports={6379: Knob("flag", "--port", "{port}")},
     address=Knob("flag", "--bind", "{address}"),
     default_command=("redis-server",),
+    workdir="/data",  # the image's WORKDIR
 )
 
 

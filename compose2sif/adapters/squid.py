@@ -7,4 +7,5 @@ ADAPTER = Adapter(
     images=r"(^|/)squid$",
     ports={3128: Knob("env", "HTTP_PORT", "{port}")},
     writable=("/var/log/squid", "/var/spool/squid", "/run", "/etc/squid"),
+    workdir="/",  # the image's WORKDIR
 )

@@ -7,4 +7,5 @@ ADAPTER = Adapter(
     images=r"vllm",
     ports={8000: Knob("flag", "--port", "{port}")},
     address=Knob("flag", "--host", "{address}"),
+    model_server=True,
 )

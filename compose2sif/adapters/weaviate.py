@@ -8,4 +8,5 @@ ADAPTER = Adapter(
     ports={8080: Knob("flag", "--port", "{port}"), 50051: Knob("env", "GRPC_PORT", "{port}")},
     address=Knob("flag", "--host", "{address}"),
     default_command=("--host", "0.0.0.0", "--port", "8080", "--scheme", "http"),
+    workdir="/",  # the image's WORKDIR
 )

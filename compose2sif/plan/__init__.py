@@ -23,6 +23,7 @@ from compose2sif.plan.knobs import Found, Knob
 from compose2sif.plan.network import (IMAGE_DEFAULT, IMAGE_EXPOSE, OPTIONAL_EVIDENCE, Listen, References, ServiceNet,
                                       default_port_base, free_address_block, host_port_pairs, node_listeners,
                                       plan_network)
+from compose2sif.plan.generated import Replacer
 from compose2sif.plan.types import Bind, Plan, PortPlan, ServicePlan
 from compose2sif.support import unsupported_warnings
 
@@ -41,6 +42,9 @@ class PlanOptions:
     address_block: Optional[str] = None                           # 127.A.B: the services' /24 of addresses
     uid: Optional[int] = None
     busy: Optional[Set[Tuple[str, int]]] = None                   # (address, port) listening on the node
+    presets: Optional[Set[str]] = None                            # image-family presets (dify); default: detected
+    secrets: Optional[Replacer] = None                            # generated values for public default secrets
+    ssrf_allow: List[str] = field(default_factory=list)           # private destinations SSRF proxies may reach
     image_configs: Dict[str, Any] = field(default_factory=dict)   # image ref -> registry.ImageConfig
     tls: bool = False                                             # HTTPS in front of each nginx service
     tls_files: Optional[Tuple[str, str]] = None                   # (cert, key); default: a self-signed pair
@@ -134,6 +138,9 @@ def _service_net(service: Service, adapter: Optional[image_adapters.Adapter], la
         if knob is None:
             fixed.add(int(key))
         port_knobs.setdefault(int(key), knob)
+    for port, knob in (adapter.ports if adapter else {}).items():
+        if knob.kind == "config":  # the adapter renders the config: its `listen` is the knob
+            port_knobs.setdefault(port, knob)
     for port, where in found.evidence.items():
         for w in where:
             saw(port, w)
@@ -164,6 +171,8 @@ def _service_net(service: Service, adapter: Optional[image_adapters.Adapter], la
     address_hint = hints.get("bind_address")
     if address_hint is not None:
         address_knobs = [_hint_knob(address_hint, "address", f"{path}.bind_address")]
+    elif adapter is not None and adapter.address is not None and adapter.address.kind == "config":
+        address_knobs = [adapter.address]
     else:
         address_knobs = found.addresses or ([adapter.address] if adapter and adapter.address else [])
     return ServiceNet(service.name, names, listens, [k for k in map(usable, address_knobs) if k is not None],
@@ -230,14 +239,20 @@ def _bound_texts(bind: Bind) -> List[Tuple[str, str, str]]:
     return texts
 
 
-def _rewrite_bound_files(draft: image_adapters.Draft) -> None:
-    """A bound text config that names a moved port gets a rewritten copy bound over it."""
+def _rewrite_bound_files(draft: image_adapters.Draft, secrets: Optional[Replacer]) -> None:
+    """A bound text config that names a moved port, or a public default secret, gets a rewritten
+    copy bound over it."""
     extra: List[Bind] = []
+    for path, content in list(draft.configs.items()):
+        if secrets and path.startswith(f"config/{draft.name}/"):
+            draft.configs[path] = secrets(content)
     for bind in draft.binds:
         if bind.kind != "bind":
             continue
         for _, target, text in _bound_texts(bind):
             rewritten = draft.refs.rewrite(text, draft.name)
+            if secrets:
+                rewritten = secrets(rewritten)
             if rewritten != text:
                 path = f"config/{draft.name}/files{target}"
                 draft.configs[path] = rewritten
@@ -245,8 +260,8 @@ def _rewrite_bound_files(draft: image_adapters.Draft) -> None:
                     bind.source, bind.kind, bind.read_only, bind.create = path, "config", True, False
                 else:
                     extra.append(Bind(path, target, True, "config", False))
-                draft.warnings.append(f"service {draft.name!r}: {target} names a moved port; a rewritten copy is "
-                                      f"bound there ({path})")
+                draft.warnings.append(f"service {draft.name!r}: {target} names a moved port or a public default "
+                                      f"secret; a rewritten copy is bound there ({path})")
     draft.binds.extend(extra)
 
 
@@ -272,7 +287,10 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
     for source in images.values():
         warnings.extend(source.warnings)
 
-    adapters = {name: image_adapters.adapter_for(s.image) for name, s in services.items()}
+    presets = options.presets if options.presets is not None else \
+        image_adapters.presets_for(s.image for s in services.values())
+    adapters = {name: image_adapters.adapter_for(s.image, presets) for name, s in services.items()}
+    model_servers = {name: a.family for name, a in adapters.items() if a is not None and a.model_server}
     names = {name: list(dict.fromkeys(n for n in [name, s.container_name, s.hostname, *s.aliases] if n))
              for name, s in services.items()}
     launches = {name: _launch(s) for name, s in services.items()}
@@ -330,6 +348,7 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
                       environment={k: v for k, v in service.environment.items() if v is not None},
                       launch=launches[name], healthcheck=test, binds=binds, configs=configs, refs=refs,
                       tls=options.tls, tls_ports=tls_ports,
+                      options={"ssrf_allow": options.ssrf_allow, "model_servers": model_servers},
                       warnings=_unsupported_warnings(service) + bind_warnings)
         _tell(draft, nets[name], adapter)
         draft.environment = {k: v for k, v in refs.rewrite_environment(draft.environment, name).items()
@@ -338,9 +357,14 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
             draft.launch = [refs.rewrite(a, name) for a in draft.launch]
         if draft.healthcheck is not None:
             draft.healthcheck = [refs.rewrite(a, name, own_host=True) for a in draft.healthcheck]
+        if options.secrets:
+            replace = options.secrets
+            draft.environment = {k: replace(v, k) for k, v in draft.environment.items()}
+            draft.launch = [replace(a) for a in draft.launch] if draft.launch is not None else None
+            draft.healthcheck = [replace(a) for a in draft.healthcheck] if draft.healthcheck is not None else None
         if adapter is not None:
             adapter.finish(draft)
-        _rewrite_bound_files(draft)
+        _rewrite_bound_files(draft, options.secrets)
         if draft.launch and _secret_on_command_line(draft.launch):
             draft.warnings.append(f"service {name!r}: its command line carries a secret "
                                   f"({_secret_on_command_line(draft.launch)}); every user of the node can read it "
@@ -353,7 +377,8 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
                            "start_interval": service.healthcheck.start_interval}
         source = images[image_of[name]]
         image_config = options.image_configs.get(service.image or "")
-        workdir = service.working_dir or source.workdir or (image_config.workdir if image_config else None)
+        workdir = (service.working_dir or source.workdir or (image_config.workdir if image_config else None)
+                   or (adapter.workdir if adapter else None))
         if workdir is None and service.image and source.kind == "docker" and service.image not in options.image_configs:
             unknown_workdir.append(name)
         gpus = [{"count": g.count, "device_ids": list(g.device_ids)} for g in service.gpus]
@@ -382,6 +407,9 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
             writable_tmpfs=bool(_hints(service).get("writable_tmpfs")),
             adapter=adapter.family if adapter else None, warnings=draft.warnings))
         warnings.extend(draft.warnings)
+    if presets:
+        warnings.append("preset " + ", ".join(sorted(presets)) + ": its adapters shape "
+                        + ", ".join(sorted(n for n, a in adapters.items() if a is not None and a.preset)))
     if unknown_workdir:
         warnings.append("the WORKDIR of the images of " + ", ".join(sorted(unknown_workdir)) + " is unknown (their "
                         "registry was not asked); they start in your home directory unless `working_dir` is set")

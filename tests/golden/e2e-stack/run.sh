@@ -30,7 +30,7 @@ svc_db() {
     S_INSTANCE=c2s-e2e-db
     S_SIF="$HERE/sif/c2s-postgres-test.sif"
     S_ENV="$HERE/env/db.env"
-    S_WORKDIR=''
+    S_WORKDIR=/
     S_TMP=state/services/db/scratch/tmp
     S_ONESHOT=0
     S_RESTART=no
@@ -76,7 +76,7 @@ svc_redis() {
     S_INSTANCE=c2s-e2e-redis
     S_SIF="$HERE/sif/c2s-redis-test.sif"
     S_ENV="$HERE/env/redis.env"
-    S_WORKDIR=''
+    S_WORKDIR=/data
     S_TMP=state/services/redis/scratch/tmp
     S_ONESHOT=0
     S_RESTART=no
@@ -167,7 +167,7 @@ svc_proxy() {
     S_INSTANCE=c2s-e2e-proxy
     S_SIF="$HERE/sif/c2s-nginx-test.sif"
     S_ENV="$HERE/env/proxy.env"
-    S_WORKDIR=''
+    S_WORKDIR=/
     S_TMP=state/services/proxy/scratch/tmp
     S_ONESHOT=0
     S_RESTART=unless-stopped

@@ -30,7 +30,7 @@ svc_db() {
     S_INSTANCE=chatapp-db
     S_SIF="$HERE/sif/postgres-16.sif"
     S_ENV="$HERE/env/db.env"
-    S_WORKDIR=''
+    S_WORKDIR=/
     S_TMP=state/services/db/scratch/tmp
     S_ONESHOT=0
     S_RESTART=no
@@ -76,7 +76,7 @@ svc_redis() {
     S_INSTANCE=chatapp-redis
     S_SIF="$HERE/sif/redis-7.sif"
     S_ENV="$HERE/env/redis.env"
-    S_WORKDIR=''
+    S_WORKDIR=/data
     S_TMP=state/services/redis/scratch/tmp
     S_ONESHOT=0
     S_RESTART=no
@@ -144,7 +144,7 @@ svc_proxy() {
     S_INSTANCE=chatapp-proxy
     S_SIF="$HERE/sif/nginx-1.27-alpine.sif"
     S_ENV="$HERE/env/proxy.env"
-    S_WORKDIR=''
+    S_WORKDIR=/
     S_TMP=state/services/proxy/scratch/tmp
     S_ONESHOT=0
     S_RESTART=unless-stopped
