@@ -234,6 +234,37 @@ def _existing_output(state: _State, output: Optional[str]) -> str:
 
 @cli.command()
 @click.option("-o", "--output", metavar="DIR")
+@click.option("--show", is_flag=True, help="Print the values too.")
+@click.pass_obj
+def secrets(state: _State, output, show):
+    """Where the generated secrets are kept and which services use them."""
+    import shlex
+    from compose2sif.plan import generated
+    out_dir = _existing_output(state, output)
+    values = generated.read_stored(out_dir)
+    if not values:
+        click.echo(f"no generated secrets in {out_dir}")
+        return
+    click.echo(f"{os.path.join(out_dir, generated.SECRETS_FILE)} (mode 0600) holds {len(values)} generated secret(s):")
+    users = {}
+    env_dir = os.path.join(out_dir, "env")
+    for name in sorted(os.listdir(env_dir)) if os.path.isdir(env_dir) else []:
+        if not name.endswith(".env") or name.endswith(".eval.env"):
+            continue
+        with open(os.path.join(env_dir, name), encoding="utf-8") as fh:
+            for line in fh:
+                key, sep, value = line.rstrip("\n").partition("=")
+                if sep and not key.startswith("#") and key != "C2S_LAUNCH":
+                    for variable, secret in values.items():
+                        if secret in "".join(shlex.split(value)):
+                            users.setdefault(variable, []).append(f"{name[:-4]}:{key}")
+    for variable, secret in sorted(values.items()):
+        where = ", ".join(users.get(variable, [])) or "no service's environment (configs only)"
+        click.echo(f"  {variable}{'=' + secret if show else ''}: {where}")
+
+
+@cli.command()
+@click.option("-o", "--output", metavar="DIR")
 @click.pass_obj
 def build(state: _State, output):
     """Build the SIFs that are missing or whose definition changed (in parallel; C2S_BUILD_JOBS)."""
