@@ -20,7 +20,7 @@ from typing import Dict, List
 
 import jinja2
 
-from compose2sif.plan import Plan, ServicePlan
+from compose2sif.plan import Plan, PortPlan, ServicePlan
 from compose2sif.plan.images import ImageSource
 
 
@@ -115,6 +115,20 @@ def _tmp_source(service: ServicePlan) -> str:
     return f"{service.name}-tmp-missing"
 
 
+def _endpoint(port: PortPlan, plan: Plan) -> str:
+    """ADDR:PORT the service listens on, for run.sh; suffixed `?` when it may never be opened (run.sh
+    then checks only that it is free, not that it listens)."""
+    return f"{port.address}:{port.host}" + ("" if _required(port, plan) else "?")
+
+
+def _required(port: PortPlan, plan: Plan) -> bool:
+    if hasattr(port, "required"):
+        return port.required
+    # a planner without `required`: nginx's 443 comes from its image profile, and nothing listens
+    # there unless --tls renders a TLS server
+    return not (port.how == "nginx" and port.container == 443 and not plan.tls)
+
+
 def render_runner(plan: Plan) -> str:
     env = _environment(_templates_dir())
     services = []
@@ -125,7 +139,7 @@ def render_runner(plan: Plan) -> str:
             binds.append({"spec": spec, "host": b.source, "create": b.create or b.kind in ("volume", "scratch", "tmpfs"),
                           "kind": b.kind})
         services.append({**s.__dict__, "fn": re.sub(r"[^A-Za-z0-9_]", "_", s.name), "binds": binds,
-                         "tmp": _tmp_source(s)})
+                         "tmp": _tmp_source(s), "endpoints": [_endpoint(p, plan) for p in s.ports]})
     header = env.get_template("run.sh.j2").render(project=plan.project, compose_files=plan.compose_files,
                                                   state_dir=plan.state_dir, services=services,
                                                   images=list(plan.images))
