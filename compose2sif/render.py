@@ -142,7 +142,7 @@ def render_runner(plan: Plan) -> str:
                          "tmp": _tmp_source(s), "endpoints": [_endpoint(p, plan) for p in s.ports]})
     header = env.get_template("run.sh.j2").render(project=plan.project, compose_files=plan.compose_files,
                                                   state_dir=plan.state_dir, services=services,
-                                                  images=list(plan.images))
+                                                  images=list(plan.images), entry_points=plan.entry_points)
     with open(os.path.join(_templates_dir(), "engine.sh"), encoding="utf-8") as fh:
         return header + fh.read()
 

@@ -623,6 +623,7 @@ cmd_up() {
         return 1
     fi
     note "up: ${names[*]}"
+    print_entry_points
     printf '%s\n' "${names[@]}" >"$RUNDIR/supervised"
     if [ "$detach" = 1 ]; then
         if needs_supervisor; then
@@ -633,6 +634,22 @@ cmd_up() {
     fi
     trap 'note "stopping (signal)"; cmd_down; exit 0' TERM INT HUP
     supervise
+}
+
+# Where a person goes next: the web front's URL on this node, and the SSH tunnel from a laptop
+# through the login node (compute nodes are rarely reachable directly).
+print_entry_points() {
+    local entry service scheme address port path node target
+    node=$(hostname -f 2>/dev/null || hostname)
+    for entry in "${ENTRY_POINTS[@]}"; do
+        read -r service scheme address port path <<<"$entry"
+        case "$address" in
+            0.0.0.0) target=localhost; note "$service: $scheme://$node:$port$path" ;;
+            *) target=$address; note "$service: $scheme://$address:$port$path (on $node)" ;;
+        esac
+        note "  from your laptop: ssh -N -L $port:$target:$port -J ${USER:-you}@LOGIN-NODE ${USER:-you}@$node" \
+            "then open $scheme://localhost:$port$path"
+    done
 }
 
 needs_supervisor() {

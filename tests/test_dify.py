@@ -151,6 +151,8 @@ def test_nginx_runs_without_the_entrypoint_copy_and_needs_no_docker_resolver(dif
     for upstream in ("http://api:5001", "http://web:3000", "http://plugin_daemon:5002"):
         assert upstream in conf
     assert (work / "out" / "config" / "nginx" / "root" / "etc" / "nginx" / "proxy.conf").is_file()
+    # after `up`, run.sh prints the URL, the SSH tunnel and the admin page
+    assert f"ENTRY_POINTS=('nginx http 0.0.0.0 {http['host']} /install')" in (work / "out" / "run.sh").read_text()
 
 
 def test_ssrf_proxies_listen_on_their_own_address_and_allow_the_model_servers(tmp_path):

@@ -54,6 +54,7 @@ class Adapter:
     secrets: Dict[str, str] = field(default_factory=dict)
     preset: Optional[str] = None
     model_server: bool = False        # serves models (an SSRF allow-list should let clients reach it)
+    entry_path: Optional[str] = None  # a web front: the page a person opens first (printed by `up`)
 
     def matches(self, repository: str) -> bool:
         return re.search(self.images, repository) is not None

@@ -190,6 +190,7 @@ NGINX = Nginx(
     per_port_address=True,
     writable=nginx.ADAPTER.writable,
     workdir="/",
+    entry_path="/install",  # where Dify's admin account is made
     preset=PRESET,
 )
 SQUID = Squid(

@@ -414,6 +414,10 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
         warnings.append("the WORKDIR of the images of " + ", ".join(sorted(unknown_workdir)) + " is unknown (their "
                         "registry was not asked); they start in your home directory unless `working_dir` is set")
     plans.sort(key=lambda p: (p.level, p.name))
+    entry_points = [{"service": p.name, "address": port.address, "port": port.host,
+                     "scheme": "https" if port.how == "tls" else "http", "path": adapters[p.name].entry_path}
+                    for p in plans if adapters[p.name] is not None and adapters[p.name].entry_path
+                    for port in p.ports if port.published and (port.container == 80 or port.how == "tls")]
     tls = None
     if options.tls:
         tls = {"cert": "tls/cert.pem", "key": "tls/key.pem", "ports": tls_ports,
@@ -424,7 +428,7 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
                 port_base=base, hosts=_hosts(services, names, network, warnings), tls=tls,
                 images={k: {"kind": s.kind, "ref": s.ref, "services": s.services, "definition": f"definitions/{k}.def",
                             "sif": f"sif/{k}.sif", "digest": s.digest} for k, s in images.items()},
-                services=plans, configs=configs, warnings=_dedupe(warnings))
+                services=plans, configs=configs, warnings=_dedupe(warnings), entry_points=entry_points)
 
 
 def _hosts(services: Dict[str, Service], names: Dict[str, List[str]], network, warnings: List[str]):

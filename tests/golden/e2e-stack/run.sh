@@ -23,6 +23,8 @@ SERVICES=(db llm redis init api worker proxy)
 LEVELS=(0 0 0 1 2 2 3)
 MAX_LEVEL=3
 IMAGES=(c2s-python-test c2s-postgres-test c2s-llama-test c2s-nginx-test c2s-redis-test)
+# web fronts `up` points people at: SERVICE SCHEME ADDRESS PORT PATH
+ENTRY_POINTS=('proxy http 0.0.0.0 18080 /')
 
 # ---- the services (generated) ---------------------------------------------------------------
 svc_db() {

@@ -23,6 +23,8 @@ SERVICES=(db llm redis api web proxy)
 LEVELS=(0 0 0 1 2 3)
 MAX_LEVEL=3
 IMAGES=(ghcr.io-example-chat-api-latest postgres-16 vllm-vllm-openai-v0.19.1 nginx-1.27-alpine redis-7 build-web)
+# web fronts `up` points people at: SERVICE SCHEME ADDRESS PORT PATH
+ENTRY_POINTS=('proxy http 0.0.0.0 8080 /')
 
 # ---- the services (generated) ---------------------------------------------------------------
 svc_db() {
