@@ -136,7 +136,7 @@ def _convert(state: "_State", output=None, registry_mirror=None, image_sources=(
         raise ComposeError("--tls-cert and --tls-key go together")
     images_used = [s.get("image") for s in project.services.values()]
     presets = {preset} if preset else adapters.presets_for(images_used)
-    table = generated.secret_table(adapters.adapter_for(i, presets) for i in images_used)
+    table = adapters.preset_secrets(presets)
     chosen = generated.choose(table, project.environment, generated.read_stored(out_dir)) if table else {}
     if chosen:  # load again as if the user had set them: interpolation puts each where it belongs
         environ = dict(os.environ if state.options.environ is None else state.options.environ)

@@ -95,7 +95,7 @@ def test_services_that_cannot_be_told_an_address_are_separated_by_a_port_knob(tm
     assert (a.address, a.host) == ("0.0.0.0", 9000) and (b.address, b.host) == ("0.0.0.0", 30000)
     assert plan.service("b").environment["PORT"] == "30000"
     assert plan.service("proxy").environment == {"A": "http://a:9000/", "B": "http://b:30000/x"}
-    assert any("'b': port 9000 is served on 0.0.0.0:30000 (port 9000 is also used by service 'a')" in w
+    assert any("'b': port 9000 is also used by service 'a'; its port 9000 is served on 0.0.0.0:30000" in w
                for w in plan.warnings)
     assert any("'a' listens on all interfaces (0.0.0.0:9000)" in w for w in plan.warnings)
 
