@@ -342,3 +342,22 @@ def test_every_corpus_project_plans_or_fails_cleanly(case, tmp_path):
         build_plan(project, PlanOptions(port_base=30000, busy=set()))
     except ComposeError as exc:
         assert str(exc)
+
+
+def test_values_that_would_be_shell_stay_data(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          a-b: {image: example/a, gpus: [{driver: nvidia, device_ids: ["0$(touch /tmp/PWNED)"]}]}
+          a_b: {image: example/b}
+    """)
+    from compose2sif.render import render_runner
+    script = render_runner(plan)
+    assert "S_GPUS=('ids=0$(touch /tmp/PWNED)')" in script
+    assert "svc_0_a_b()" in script and "svc_1_a_b()" in script  # one function each
+    plan.compose_files = ["/p/x\ntouch /tmp/PWNED #.yaml"]  # a newline in a path must not end the comment
+    assert "\ntouch /tmp/PWNED" not in render_runner(plan)
+    with pytest.raises(ComposeError, match=r"services.x.restart: invalid restart policy"):
+        plan_for(tmp_path, """
+            services:
+              x: {image: example/x, restart: "on-failure:a[$(touch /tmp/PWNED)]"}
+        """)
