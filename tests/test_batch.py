@@ -169,3 +169,26 @@ def test_stacks_load_as_docker_compose_loads_them(tmp_path, compose):
     rc_ours, ours, err = run_ours([], work, env)
     assert rc_ours == 0, err
     assert differences(ours, theirs) == []
+
+
+@oracle_mark()
+@pytest.mark.parametrize("name", ["compose.yaml", "compose.remote.yaml"])
+def test_dify_vllm_loads_as_docker_compose_loads_it(tmp_path, name):
+    """With a copy of Dify 1.17.1's docker/ directory standing in for the user's checkout."""
+    dify = REPO.parent / "shared" / "reference" / "dify-1.17.1"
+    if not dify.is_dir():
+        raise AssertionError(f"{dify} is missing: ../shared must be beside the repository")
+    shutil.copytree(dify, tmp_path / "docker")
+    (tmp_path / "docker" / ".env").write_text("")  # the user's .env, copied from .env.example
+    shutil.copytree(STACKS / "vllm-tp", tmp_path / "stacks" / "vllm-tp")
+    shutil.copytree(STACKS / "dify-vllm", tmp_path / "stacks" / "dify-vllm")
+    work = tmp_path / "stacks" / "dify-vllm"
+    env = base_env({"DIFY_DOCKER_DIR": str(tmp_path / "docker")})
+    rc_theirs, theirs, err = run_oracle(["-f", name], work, env)
+    assert rc_theirs == 0, err
+    rc_ours, ours, err = run_ours(["-f", name], work, env)
+    assert rc_ours == 0, err
+    assert differences(ours, theirs) == []
+    assert ("vllm" in ours["services"]) == (name == "compose.yaml")
+    allowed = ours["services"]["ssrf_proxy"]["environment"]["SSRF_PROXY_ALLOW_PRIVATE_IPS"]
+    assert "127.0.0.0/8" in allowed.split(",")
