@@ -26,9 +26,15 @@ pass_env() {  # pass NAME=VALUE into the container; --cleanenv keeps these
 submit_dir=${PJM_O_WORKDIR:-${SLURM_SUBMIT_DIR:-$PWD}}
 job_id=${PJM_JOBID:-${SLURM_JOB_ID:-$$}}
 job_dir="$submit_dir/.compose2sif-batch/$job_id"
+if [ "${1:-}" = --node ] && [ -n "${2:-}" ]; then
+    job_dir=$2  # from the batch step: launchers need not pass the scheduler's environment on
+    job_id=${job_dir##*/}
+fi
 
-node_names() {  # one host name a line, in the scheduler's order
-    if [ -n "${PJM_O_NODEINF:-}" ]; then
+node_names() {  # one host name a line, in the scheduler's order (as the batch step saw it)
+    if [ -s "$job_dir/nodes" ]; then
+        cat "$job_dir/nodes"
+    elif [ -n "${PJM_O_NODEINF:-}" ]; then
         awk 'NF { print $1 }' "$PJM_O_NODEINF"
     elif [ -n "${SLURM_JOB_NODELIST:-}" ]; then
         if command -v scontrol >/dev/null 2>&1; then
@@ -201,12 +207,13 @@ node_main() {
 batch_step() {
     mkdir -p "$job_dir" && chmod 0700 "$submit_dir/.compose2sif-batch" "$job_dir"
     cp -- "${BASH_SOURCE[0]}" "$job_dir/job.sh"
+    node_names >"$job_dir/nodes.tmp" && mv "$job_dir/nodes.tmp" "$job_dir/nodes"
     if [ "$nodes" = 1 ]; then
         node_main
         return
     fi
     local launched
-    "${launcher[@]}" bash "$job_dir/job.sh" --node &
+    "${launcher[@]}" bash "$job_dir/job.sh" --node "$job_dir" &
     launched=$!
     trap 'kill -TERM "$launched" 2>/dev/null; wait "$launched"; exit 143' TERM INT HUP
     wait "$launched"

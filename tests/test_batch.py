@@ -128,7 +128,7 @@ def test_unused_keys_get_a_warning_each(tmp_path):
 def _helpers(script: Path, env: dict, call: str) -> str:
     """Run one of the job script's shell functions with a scheduler's environment."""
     text = script.read_text()
-    functions = text.split("set -uo pipefail")[1].split('\nif [ "${1:-}" = --node ]')[0]
+    functions = text.split("set -uo pipefail")[1].rsplit('\nif [ "${1:-}" = --node ]', 1)[0]
     functions = functions.replace('runtime=$(command -v apptainer || command -v singularity) || {', 'true || {')
     proc = subprocess.run(["bash", "-c", text.split("set -uo pipefail")[0] + functions + "\n" + call],
                           capture_output=True, text=True, env={"PATH": os.environ["PATH"], **env})
