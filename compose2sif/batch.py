@@ -233,7 +233,7 @@ def render(project_name: str, working_dir: str, service: Service, options: Batch
         f"iface={q(options.interface)}",
         f"ray_port={int(options.ray_port)}",
         "cluster_timeout=600  # seconds for every node's Ray worker to join",
-        "stop_grace=20  # seconds between SIGTERM and SIGKILL when the job ends",
+        "stop_grace=10  # seconds for what was started to stop after SIGTERM (twice), before SIGKILL",
         f"launcher=({' '.join(q(a) for a in launcher)})",
         "",
     ]

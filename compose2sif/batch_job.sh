@@ -103,17 +103,23 @@ left_running() {  # any process (zombies aside) still in those sessions?
     done
     return 1
 }
-stop_all() {
-    [ "$stopping" = 1 ] && return
-    stopping=1
-    trap '' TERM INT HUP
-    local pgid waited=0
-    for pgid in ${started[@]+"${started[@]}"}; do kill -TERM -- "-$pgid" 2>/dev/null; done
+wait_stopped() {  # up to $stop_grace seconds for those sessions to empty
+    local waited=0
     while left_running && [ "$waited" -lt "$stop_grace" ]; do
         sleep 1
         waited=$((waited + 1))
     done
-    for pgid in ${started[@]+"${started[@]}"}; do kill -KILL -- "-$pgid" 2>/dev/null; done
+}
+stop_all() {
+    [ "$stopping" = 1 ] && return
+    stopping=1
+    trap '' TERM INT HUP
+    local sid
+    for sid in ${started[@]+"${started[@]}"}; do kill -TERM -- "-$sid" 2>/dev/null; done  # apptainer unmounts the SIF
+    wait_stopped
+    for sid in ${started[@]+"${started[@]}"}; do pkill -TERM -s "$sid" 2>/dev/null; done  # stragglers (squashfuse)
+    wait_stopped
+    for sid in ${started[@]+"${started[@]}"}; do pkill -KILL -s "$sid" 2>/dev/null; done
     wait  # reap what this part started
     rm -rf "$ray_tmp"
     say "stopped"
