@@ -153,6 +153,11 @@ def render(project_name: str, working_dir: str, service: Service, options: Batch
     if not port.isdigit():
         raise ComposeError(f"--port {port!r} is not a port number", path=f"services.{name}.command")
     args = _without_flag(args, "--host")
+    for mapping in service.ports:
+        if mapping.published and (mapping.published != port or mapping.host_ip):
+            warnings.append(f"services.{name}.ports: {mapping.host_ip + ':' if mapping.host_ip else ''}"
+                            f"{mapping.published}:{mapping.target} is not used: the job serves on the head node's "
+                            f"{options.interface} address, port {port}")
 
     gpus = options.gpus_per_node if options.gpus_per_node is not None else _gpus(service)
     ranks = _int_flag(args, name, "--tensor-parallel-size", "-tp") * _int_flag(args, name, "--pipeline-parallel-size",

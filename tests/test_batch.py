@@ -61,6 +61,8 @@ def test_job_scripts_render_and_pass_bash_n_and_shellcheck(tmp_path, compose, no
                      "#SBATCH --time=2:30:00"):
             assert line in text.splitlines()
     assert "    module load cuda/12.4" in text.splitlines()
+    # the TP=4 stack publishes on 127.0.0.1 for `up`; a job serves on the node's ib0 address instead
+    assert ("WARN services.vllm.ports: 127.0.0.1:8000:8000 is not used" in stderr) == (compose == TP4), stderr
     got = values(text)
     assert got["nodes"] == [str(nodes)] and got["gpus_per_node"] == ["4"]
     assert ("--distributed-executor-backend=ray" in got["serve_args"]) == (nodes == 2)

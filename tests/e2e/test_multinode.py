@@ -4,7 +4,7 @@ host name), with the environment PJM or Slurm would set. Each node runs a real R
 inside the test image's SIF): the head on node 0, a worker on node 1. On the head, llama-server
 with the tiny model is a STAND-IN for `vllm serve` (there is no GPU here): the job starts it the way
 it starts vLLM, with the same arguments handling and readiness wait. SIGTERM to the job must leave
-no process on either node.
+no process on either node. A one-node job runs the whole script, as the scheduler does.
 
 Run under the shared e2e lock:  flock /tmp/c2s-e2e.lock python3 -m pytest -q tests/e2e -k multinode
 """
@@ -91,20 +91,70 @@ def _ray_sif(node) -> str:
     return path
 
 
-@pytest.mark.parametrize("scheduler", ["pjm", "slurm"])
-def test_two_node_job_runs_ray_and_the_server_then_stops_clean(node, two_nodes, scheduler):
+def _job(node, scheduler, nodes) -> Path:
+    """~/raytest on the node: the tiny model, the stand-in stack, its SIF and `compose2sif batch`'s job.sh."""
     sif = _ray_sif(node)
     stack = node.copy_stack("raytest", "stack")  # for models/ (the tiny model); the compose file is ours
     for item in stack.iterdir():
         if item.name != "models":
             subprocess.run(["rm", "-rf", str(item)], check=True)
     (stack / "compose.yaml").write_text(STACK.format(registry=node.registry))
-    (stack / "nodeinf").write_text("".join(f"{host}\n" for host, _, _ in NODES))
+    (stack / "nodeinf").write_text("".join(f"{host}\n" for host, _, _ in NODES[:nodes]))
     subprocess.run(["chown", "-R", f"{node.uid}:{node.uid}", str(stack)], check=True)
     node.run(f"ln -sf {sif} ~/raytest/ray.sif", check=True)
-    rendered = node.c2s(f"-f raytest/compose.yaml batch --scheduler {scheduler} --group test --nodes 2 "
+    rendered = node.c2s(f"-f raytest/compose.yaml batch --scheduler {scheduler} --group test --nodes {nodes} "
                         "-o raytest/job.sh", check=True)
     assert "WARN" not in rendered.stderr, rendered.stderr
+    return stack
+
+
+def _gone(node) -> None:
+    """No process of the job's user is left (orphans handed to init are reaped by it: a bounded wait)."""
+    deadline = time.time() + 30
+    while node.processes() and time.time() < deadline:
+        time.sleep(1)
+    left = subprocess.run(["ps", "-u", node.uid, "-o", "pid,ppid,sid,stat,args"], capture_output=True, text=True)
+    assert node.processes() == [], left.stdout
+
+
+def _chat(ns) -> None:
+    request = json.dumps({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
+    answer = _sh("ip", "netns", "exec", ns, "curl", "-fsS", "-m", "60", "http://10.250.0.1:8000/v1/chat/completions",
+                 "-H", "Content-Type: application/json", "-d", request)
+    assert json.loads(answer.stdout)["choices"][0]["message"]["content"] is not None
+
+
+def test_one_node_job_serves_without_ray_and_stops_on_sigterm(node, two_nodes):
+    """The whole job script as the scheduler runs it (its batch step): one node, no Ray, no launcher."""
+    stack = _job(node, "slurm", 1)
+    env = {"SLURM_JOB_ID": "77", "SLURM_SUBMIT_DIR": "/home/hpc/raytest", "SLURM_JOB_NODELIST": "c2s-node0"}
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    with open(stack / "node0.log", "w+") as log:
+        job = subprocess.Popen(_on_node(node, *NODES[0][:2], f"export {exports}; cd ~/raytest && exec bash job.sh"),
+                               stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 120
+            while "ready: http://10.250.0.1:8000/v1" not in (stack / "node0.log").read_text():
+                assert job.poll() is None and time.time() < deadline, _logs(stack)
+                time.sleep(1)
+            _chat(NODES[0][1])
+            assert (stack / ".compose2sif-batch" / "77" / "nodes").read_text() == "c2s-node0\n"
+            assert not [p for p in node.processes() if "ray start" in p or "raylet" in p or "gcs_server" in p]
+            pids = _sh("pgrep", "-u", node.uid, "-x", "-f", "bash job.sh").stdout.split()
+            assert len(pids) == 1, pids
+            _sh("kill", "-TERM", *pids)
+            job.wait(timeout=60)
+            _gone(node)
+            assert "stopped" in (stack / "node0.log").read_text()
+        finally:
+            if job.poll() is None:
+                job.kill()
+            node.kill_all()
+
+
+@pytest.mark.parametrize("scheduler", ["pjm", "slurm"])
+def test_two_node_job_runs_ray_and_the_server_then_stops_clean(node, two_nodes, scheduler):
+    stack = _job(node, scheduler, 2)
 
     logs, parts = [], []
     try:
@@ -123,17 +173,12 @@ def test_two_node_job_runs_ray_and_the_server_then_stops_clean(node, two_nodes, 
             time.sleep(2)
 
         status = subprocess.run(_on_node(node, NODES[0][0], NODES[0][1],
-                                         f"apptainer exec {sif} ray status --address 10.250.0.1:6379"),
+                                         "apptainer exec ~/raytest/ray.sif ray status --address 10.250.0.1:6379"),
                                 capture_output=True, text=True, timeout=120)
         active = status.stdout.split("Active:")[1].split("Pending:")[0]
         assert active.count("node_") == 2, status.stdout + status.stderr
 
-        # from node 1, across ib0, the OpenAI-compatible API on the head answers
-        request = json.dumps({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
-        answer = _sh("ip", "netns", "exec", NODES[1][1], "curl", "-fsS", "-m", "60",
-                     "http://10.250.0.1:8000/v1/chat/completions", "-H", "Content-Type: application/json",
-                     "-d", request)
-        assert json.loads(answer.stdout)["choices"][0]["message"]["content"] is not None
+        _chat(NODES[1][1])  # from node 1, across ib0, the OpenAI-compatible API on the head answers
         if scheduler == "pjm":  # bench/serve.py against the stand-in, from node 1: its table goes to the report
             bench = _sh("ip", "netns", "exec", NODES[1][1], sys.executable, str(REPO / "bench" / "serve.py"),
                         "--base-url", "http://10.250.0.1:8000/v1", "--concurrency", "1,2,4", "--max-tokens", "32",
@@ -147,11 +192,7 @@ def test_two_node_job_runs_ray_and_the_server_then_stops_clean(node, two_nodes, 
         _sh("kill", "-TERM", *pids)
         for part in parts:
             part.wait(timeout=90)
-        deadline = time.time() + 30  # orphans the kernel hands to init are reaped by it, not by us
-        while node.processes() and time.time() < deadline:
-            time.sleep(1)
-        left = subprocess.run(["ps", "-u", node.uid, "-o", "pid,ppid,sid,stat,args"], capture_output=True, text=True)
-        assert node.processes() == [], left.stdout
+        _gone(node)
         assert "stopped" in (stack / "node0.log").read_text() and "stopped" in (stack / "node1.log").read_text()
     finally:
         for part in parts:
