@@ -26,6 +26,7 @@ USED_KEYS = {"image", "command", "entrypoint", "environment", "volumes", "ports"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ELAPSE = re.compile(r"^\d+:[0-5]\d:[0-5]\d$")
 _IFACE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+_PATH = re.compile(r"^[A-Za-z0-9_./%@+-]+$")
 _GROUP = re.compile(r"^[A-Za-z0-9_.@-]+$")
 
 
@@ -133,6 +134,9 @@ def render(project_name: str, working_dir: str, service: Service, options: Batch
         raise ComposeError(f"--elapse {options.elapse!r}: expected H:MM:SS")
     if options.group is not None and not _GROUP.match(options.group):
         raise ComposeError(f"--group {options.group!r}: expected a resource group or partition name")
+    if options.job_output is not None and not _PATH.match(options.job_output):
+        raise ComposeError(f"--job-output {options.job_output!r}: a scheduler directive takes a plain path "
+                           "(letters, digits, / . _ - % @ +)")
     if not _IFACE.match(options.interface):
         raise ComposeError(f"--interface {options.interface!r}: expected an interface name such as ib0")
     warnings: List[str] = []
@@ -204,15 +208,15 @@ def render(project_name: str, working_dir: str, service: Service, options: Batch
                       *([f"#PJM -L gpu={gpus}"] if gpus else []),
                       f"#PJM -L elapse={options.elapse}",
                       "#PJM -j",  # stderr into the output file
-                      *([f"#PJM -o {q(options.job_output)}"] if options.job_output else [])]
+                      *([f"#PJM -o {options.job_output}"] if options.job_output else [])]
     else:
         directives = [*([f"#SBATCH --partition={options.group}"] if options.group else []),
                       f"#SBATCH --nodes={nodes}",
                       "#SBATCH --ntasks-per-node=1",
                       *([f"#SBATCH --gpus-per-node={gpus}"] if gpus else []),
                       f"#SBATCH --time={options.elapse}",
-                      f"#SBATCH --output={q(options.job_output or project_name + '-' + name + '.%j.out')}",
-                      f"#SBATCH --job-name={q(project_name + '-' + name)}"]
+                      f"#SBATCH --output={options.job_output or project_name + '-' + name + '.%j.out'}",
+                      f"#SBATCH --job-name={project_name}-{name}"]  # both [a-z0-9_-] (Compose's rules)
     modules = [f"module load {q(m)}" for m in options.modules]
     header = [
         "#!/bin/bash",

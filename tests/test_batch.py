@@ -113,6 +113,8 @@ def test_bad_input_is_one_line_naming_file_service_and_key(tmp_path):
     assert str(compose) in proc.stderr and "services.llm.volumes" in proc.stderr, proc.stderr
     proc = c2s("-f", str(compose), "batch", "--scheduler", "slurm", "--elapse", "90 minutes", "--sif", "x.sif")
     assert proc.returncode == 1 and "--elapse" in proc.stderr
+    proc = c2s("-f", str(TP4), "batch", "--scheduler", "slurm", "--job-output", "x.out\nrm -rf ~")
+    assert proc.returncode == 1 and "--job-output" in proc.stderr and "Traceback" not in proc.stderr
     proc = c2s("-f", str(TP4), "batch", "--scheduler", "pjm")
     assert proc.returncode == 1 and "rscgrp" in proc.stderr
 
