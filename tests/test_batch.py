@@ -129,13 +129,13 @@ def test_unused_keys_get_a_warning_each(tmp_path):
     assert "WARN services.llm.shm_size: not used by the batch job" in stderr
 
 
-def _helpers(script: Path, env: dict, call: str) -> str:
-    """Run one of the job script's shell functions with a scheduler's environment."""
+def _helpers(script: Path, env: dict, call: str, args=()) -> str:
+    """Run one of the job script's shell functions with a scheduler's environment and the script's ARGS."""
     text = script.read_text()
     functions = text.split("set -uo pipefail")[1].rsplit('\nif [ "${1:-}" = --node ]', 1)[0]
     functions = functions.replace('runtime=$(command -v apptainer || command -v singularity) || {', 'true || {')
-    proc = subprocess.run(["bash", "-c", text.split("set -uo pipefail")[0] + functions + "\n" + call],
-                          capture_output=True, text=True, env={"PATH": os.environ["PATH"], **env})
+    proc = subprocess.run(["bash", "-c", text.split("set -uo pipefail")[0] + functions + "\n" + call, "job.sh",
+                           *args], capture_output=True, text=True, env={"PATH": os.environ["PATH"], **env})
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -149,6 +149,17 @@ def test_node_lists_and_ranks_come_from_the_scheduler(tmp_path):
     nodeinf.write_text(f"other1\n{hostname}.example.org\n")
     assert _helpers(script, {"PJM_O_NODEINF": str(nodeinf)}, "my_rank").strip() == "1"
     assert _helpers(script, {"SLURM_JOB_NODELIST": "a,b", "SLURM_NODEID": "1"}, "my_rank").strip() == "1"
+
+
+def test_node_parts_take_job_dir_and_node_list_from_the_batch_step(tmp_path):
+    """A launcher (mpiexec) need not pass PJM's environment on: `--node JOB_DIR` and JOB_DIR/nodes suffice."""
+    script, _, _ = render(tmp_path, PP2, "pjm")
+    hostname = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+    job_dir = tmp_path / "submit" / ".compose2sif-batch" / "123.pjm"
+    job_dir.mkdir(parents=True)
+    (job_dir / "nodes").write_text(f"head-node\n{hostname}\n")
+    out = _helpers(script, {}, 'echo "$job_dir $job_id $(my_rank)"', ["--node", str(job_dir)])
+    assert out.split() == [str(job_dir), "123.pjm", "1"]
 
 
 def test_interface_by_name_with_a_fallback(tmp_path):
