@@ -48,7 +48,7 @@ node_names() {  # one host name a line, in the scheduler's order (as the batch s
 }
 
 expand_slurm_nodelist() {  # "gpu[01-02,05],login1" -> gpu01 gpu02 gpu05 login1 (what scontrol does)
-    local list=$1 item prefix ranges range lo hi i
+    local list=$1 item prefix ranges range lo hi i items
     while [ -n "$list" ]; do
         if [[ $list =~ ^([^,\[]*)\[([^]]*)\](,?)(.*)$ ]]; then
             prefix=${BASH_REMATCH[1]} ranges=${BASH_REMATCH[2]} list=${BASH_REMATCH[4]}
@@ -72,10 +72,12 @@ my_rank() {  # this node's position in the node list
         echo "$SLURM_NODEID"
         return
     fi
-    local me i=0 name
+    local me addrs i=0 name
     me=$(hostname -s 2>/dev/null || hostname)
+    addrs=" $(hostname -I 2>/dev/null) "  # node lists may give addresses instead of names
     while read -r name; do
         [ "${name%%.*}" = "${me%%.*}" ] && { echo "$i"; return; }
+        [[ $addrs == *" $name "* ]] && { echo "$i"; return; }
         i=$((i + 1))
     done < <(node_names)
     echo "${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-0}}}"

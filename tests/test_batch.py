@@ -149,6 +149,10 @@ def test_node_lists_and_ranks_come_from_the_scheduler(tmp_path):
     nodeinf.write_text(f"other1\n{hostname}.example.org\n")
     assert _helpers(script, {"PJM_O_NODEINF": str(nodeinf)}, "my_rank").strip() == "1"
     assert _helpers(script, {"SLURM_JOB_NODELIST": "a,b", "SLURM_NODEID": "1"}, "my_rank").strip() == "1"
+    addresses = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+    if addresses:  # a node list of addresses (some PJM sites)
+        nodeinf.write_text(f"198.51.100.1\n198.51.100.2\n{addresses[0]}\n")  # TEST-NET-2: not ours
+        assert _helpers(script, {"PJM_O_NODEINF": str(nodeinf)}, "my_rank").strip() == "2"
 
 
 def test_node_parts_take_job_dir_and_node_list_from_the_batch_step(tmp_path):
