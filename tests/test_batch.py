@@ -198,7 +198,8 @@ def test_dify_vllm_loads_as_docker_compose_loads_it(tmp_path, name):
     if not dify.is_dir():
         raise AssertionError(f"{dify} is missing: ../shared must be beside the repository")
     shutil.copytree(dify, tmp_path / "docker")
-    (tmp_path / "docker" / ".env").write_text("")  # the user's .env, copied from .env.example
+    # the user's .env, copied from .env.example, with an allow-list of its own
+    (tmp_path / "docker" / ".env").write_text("SSRF_PROXY_ALLOW_PRIVATE_IPS=192.0.2.0/24\n")
     shutil.copytree(STACKS / "vllm-tp", tmp_path / "stacks" / "vllm-tp")
     shutil.copytree(STACKS / "dify-vllm", tmp_path / "stacks" / "dify-vllm")
     work = tmp_path / "stacks" / "dify-vllm"
@@ -210,4 +211,4 @@ def test_dify_vllm_loads_as_docker_compose_loads_it(tmp_path, name):
     assert differences(ours, theirs) == []
     assert ("vllm" in ours["services"]) == (name == "compose.yaml")
     allowed = ours["services"]["ssrf_proxy"]["environment"]["SSRF_PROXY_ALLOW_PRIVATE_IPS"]
-    assert "127.0.0.0/8" in allowed.split(",")
+    assert allowed == ""  # dify-vllm.env, read after Dify's .env, has the last word (see its comments)

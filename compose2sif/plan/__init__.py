@@ -517,7 +517,8 @@ def image_definitions(project: Project, options: Optional[PlanOptions] = None) -
                        options.image_sources, options.image_configs)
 
 
-_SECRET_FLAG = re.compile(r"^-{1,2}[\w-]*(pass|secret|token|api-key|apikey)[\w-]*$|^-a$", re.IGNORECASE)
+# a flag named for a secret (`--password`, `--auth-token`, `--api-key`), not `--max-num-batched-tokens`
+_SECRET_FLAG = re.compile(r"^-{1,2}[\w-]*(pass(word|wd)?|secret|token|api-?key)(?![a-z])[\w-]*$|^-a$", re.IGNORECASE)
 
 
 def _secret_on_command_line(argv: List[str]) -> Optional[str]:
