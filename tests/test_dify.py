@@ -31,15 +31,8 @@ REDIS_PASSWORD=difyai123456
 CELERY_BROKER_URL=redis://:difyai123456@redis:6379/1
 SANDBOX_API_KEY=dify-sandbox
 """
-SQUID_TEMPLATE_STANDIN = """\
-# stand-in for Dify 1.17's ssrf_proxy/squid.conf.template (not obtained), in its documented order
-include /etc/squid/dify_common.conf
-http_port ${HTTP_PORT}
-include /etc/squid/dify_allow_private.conf
-http_access deny to_private_networks
-http_access allow localhost
-http_access deny all
-"""
+# stand-in for Dify 1.17's ssrf_proxy/squid.conf.template (not obtained); also used by tests/e2e
+SQUID_TEMPLATE_STANDIN = (Path(__file__).parent / "standins" / "dify-squid.conf.template").read_text()
 VLLM = """\
 services:
   vllm:

@@ -6,10 +6,13 @@ STAND-INS answer with the name of the service they stand in for (tests/e2e/dify-
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from test_dify import DIFY, SQUID_TEMPLATE_STANDIN
+TESTS = Path(__file__).resolve().parent.parent
+DIFY = TESTS.parent.parent / "shared" / "reference" / "dify-1.17.1"
+SQUID_TEMPLATE_STANDIN = (TESTS / "standins" / "dify-squid.conf.template").read_text()
 
 pytestmark = pytest.mark.e2e
 
