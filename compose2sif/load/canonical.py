@@ -10,7 +10,7 @@ import posixpath
 from typing import Any, Callable, Dict, List, Tuple
 
 from compose2sif.errors import ComposeError
-from compose2sif.load.interpolate import path_matches
+from compose2sif.load.interpolate import PathTable
 
 Path = Tuple[str, ...]
 
@@ -338,17 +338,22 @@ _DESCEND = {("services", "*", "build"), ("volumes", "*"), ("networks", "*"), ("s
             ("configs", "*"), ("services", "*", "extends")}
 
 
+_TABLE = PathTable({pattern: (transform, pattern in _DESCEND) for pattern, transform in _TRANSFORMS.items()})
+
+
 def canonical(value: Any, path: Path = ()) -> Any:
-    for pattern, transform in _TRANSFORMS.items():
-        if path_matches(path, pattern):
-            value = transform(value, path)
-            if pattern not in _DESCEND:
-                return value
-            break
+    found = _TABLE.get(path)
+    if found is not None:
+        transform, descend = found
+        value = transform(value, path)
+        if not descend:
+            return value
     if isinstance(value, dict):
         for k in list(value):
-            value[k] = canonical(value[k], path + (str(k),))
-    elif isinstance(value, list):
+            sub = path + (str(k),)
+            if _TABLE.leads_somewhere(sub):
+                value[k] = canonical(value[k], sub)
+    elif isinstance(value, list) and _TABLE.leads_somewhere(path + ("*",)):
         for i, item in enumerate(value):
             value[i] = canonical(item, path + ("*",))
     return value

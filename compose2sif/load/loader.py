@@ -78,6 +78,13 @@ class _Context:
         self.documents: Dict[str, Document] = {}  # service -> the document that last set it
         self.warnings: List[str] = []
         self._unset: Set[str] = set()
+        self._parsed: Dict[str, List[Document]] = {}
+
+    def documents_of(self, path: str) -> List[Document]:
+        """The YAML documents of a file, parsed once per load (the loader only reads them)."""
+        if path not in self._parsed:
+            self._parsed[path] = load_documents(path, _read(path))
+        return self._parsed[path]
 
     def unset_variable(self, name: str) -> None:
         if name not in self._unset:
@@ -165,11 +172,11 @@ def _defining_file(paths: List[str], key: str, separator: str = "=") -> Optional
     return None
 
 
-def _name_from_files(files: List[str], lookup) -> Optional[str]:
+def _name_from_files(files: List[str], lookup, ctx: _Context) -> Optional[str]:
     """The last `name:` of the files, normalised (it may then be empty); None when no file has one."""
     name = ""
     for path in files:
-        for doc in load_documents(path, _read(path)):
+        for doc in ctx.documents_of(path):
             value = doc.data.get("name")
             if isinstance(value, str) and value:
                 name = value
@@ -194,7 +201,7 @@ class _Loader:
     def load_model(self, files: List[str], resolve_paths: bool = True) -> Dict[str, Any]:
         model: Dict[str, Any] = {}
         for path in files:
-            for doc in load_documents(path, _read(path)):
+            for doc in self.ctx.documents_of(path):
                 try:
                     model = self._load_document(doc, model)
                 except ComposeError as exc:
@@ -297,7 +304,7 @@ class _Loader:
             base_file = _abs(str(other_file), working_dir)
             base_dir = os.path.dirname(base_file)
             base_model: Dict[str, Any] = {}
-            for other in load_documents(base_file, _read(base_file)):
+            for other in self.ctx.documents_of(base_file):
                 other_data, _ = collect_resets(other.data)
                 base_model = merge_mappings(base_model, interpolate_tree(other_data, self.lookup), ())
             base_model = canonical(enforce_unicity(base_model))
@@ -585,7 +592,7 @@ def _merge_env_files(service: Dict[str, Any], environment: Dict[str, str], path:
 
 def load_project(options: ProjectOptions) -> Project:
     environ = dict(os.environ if options.environ is None else options.environ)
-    cwd = options.cwd or os.getcwd()
+    cwd = os.path.abspath(options.cwd or os.getcwd())
     project_dir = _abs(options.project_directory, cwd) if options.project_directory else None
 
     files = [_abs(f, cwd) if f != "-" else f for f in options.files]
@@ -610,6 +617,7 @@ def load_project(options: ProjectOptions) -> Project:
         files = _discover(default_dir)
     working_dir = project_dir or os.path.dirname(files[0])
 
+    ctx = _Context()
     if options.project_name:
         name = _checked_project_name(options.project_name)
     elif environment.get("COMPOSE_PROJECT_NAME"):
@@ -619,7 +627,7 @@ def load_project(options: ProjectOptions) -> Project:
             raise exc.located(None if "COMPOSE_PROJECT_NAME" in environ else _defining_file(
                 env_paths, "COMPOSE_PROJECT_NAME")) from None
     else:
-        name = _name_from_files(files, environment.get)
+        name = _name_from_files(files, environment.get, ctx)
         if name is None:
             name = normalize_project_name(os.path.basename(working_dir))
         elif not name:
@@ -634,7 +642,6 @@ def load_project(options: ProjectOptions) -> Project:
     profiles = list(options.profiles) or [p.strip() for p in environment.get("COMPOSE_PROFILES", "").split(",")]
     profiles = [p for p in profiles if p]
 
-    ctx = _Context()
     model = _Loader(ctx, environment, working_dir).load_model(files)
     if not model:
         raise ComposeError("empty compose file").located(files[0])
