@@ -309,11 +309,79 @@ def _is_zero(value: Any) -> bool:
     return value in ("", [], {})
 
 
+def _labels(value: Any, path: str) -> Dict[str, str]:
+    """compose-go's Labels: a list of ``k=v`` (``k`` alone means an empty value) or a mapping; strings."""
+    if isinstance(value, list):
+        out = {}
+        for item in value:
+            key, _, val = go_str(item).partition("=")
+            out[key] = val
+        return out
+    if isinstance(value, dict):
+        return {str(k): ("" if v is None else go_str(v)) for k, v in value.items()}
+    return value
+
+
+def _strings(value: Any, path: str) -> Any:
+    """A string-or-list key (dns, tmpfs...) as a list of strings."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return [go_str(value)]
+    if isinstance(value, list):
+        return [go_str(item) for item in value]
+    return value
+
+
+def _logging(value: Any, path: str) -> Any:
+    if isinstance(value, dict) and isinstance(value.get("options"), dict):
+        options = {k: (None if v is None else go_str(v)) for k, v in value["options"].items()}
+        return {**value, "options": options}
+    return value
+
+
+def _file_mode(references: Any, path: str) -> Any:
+    """secrets/configs of a service: a mode is printed as an octal string ("0440")."""
+    if not isinstance(references, list):
+        return references
+    out = []
+    for ref in references:
+        if isinstance(ref, dict) and isinstance(ref.get("mode"), int) and not isinstance(ref["mode"], bool):
+            ref = {**ref, "mode": "0" + format(ref["mode"], "o") if ref["mode"] else "0"}
+        out.append(ref)
+    return out
+
+
+def _build(value: Any, path: str) -> Any:
+    if not isinstance(value, dict):
+        return value
+    out = _omit_empty(value, path)
+    if "labels" in out:
+        out["labels"] = _labels(out["labels"], f"{path}.labels")
+    if "extra_hosts" in out:
+        out["extra_hosts"] = extra_hosts(out["extra_hosts"], f"{path}.extra_hosts")
+    if "shm_size" in out:
+        out["shm_size"] = _bytes(out["shm_size"], f"{path}.shm_size")
+    return out
+
+
+def _develop(value: Any, path: str) -> Any:
+    """Each watch rule carries an `exec` hook in Compose's model, printed even when unset."""
+    if isinstance(value, dict) and isinstance(value.get("watch"), list):
+        watch = [{**rule, "exec": rule.get("exec") or {"command": None}} if isinstance(rule, dict) else rule
+                 for rule in value["watch"]]
+        return {**value, "watch": watch}
+    return value
+
+
 _ENCODERS: Dict[str, Callable[[Any, str], Any]] = {
+    "develop": _develop,
+    "labels": _labels, "annotations": _labels, "sysctls": _labels, "logging": _logging,
+    "dns": _strings, "dns_search": _strings, "dns_opt": _strings, "tmpfs": _strings, "expose": _strings,
+    "group_add": _strings, "mem_limit": _bytes, "mem_reservation": _bytes, "memswap_limit": _bytes,
+    "secrets": _file_mode, "configs": _file_mode,
     "command": shell_command, "entrypoint": shell_command,
     "environment": _environment, "ports": _ports, "volumes": _volumes,
     "healthcheck": _healthcheck, "deploy": _deploy, "ulimits": _ulimits,
-    "depends_on": _depends_on, "shm_size": _bytes, "extra_hosts": extra_hosts, "build": _omit_empty,
+    "depends_on": _depends_on, "shm_size": _bytes, "extra_hosts": extra_hosts, "build": _build,
     "gpus": lambda v, p: [_device_request(d, f"{p}[{i}]") for i, d in enumerate(v or [])],
     "image": _optional_string, "working_dir": _optional_string, "user": _optional_string,
     "ipc": _optional_string, "network_mode": _optional_string, "restart": _optional_string,

@@ -80,6 +80,9 @@ class _Context:
         self._unset: Set[str] = set()
         self._parsed: Dict[str, List[Document]] = {}
 
+    def parsed_documents(self) -> List[Document]:
+        return [doc for docs in self._parsed.values() for doc in docs]
+
     def documents_of(self, path: str) -> List[Document]:
         """The YAML documents of a file, parsed once per load (the loader only reads them)."""
         if path not in self._parsed:
@@ -374,6 +377,10 @@ def _resolve_paths(model: Dict[str, Any], base: str) -> None:
         extends = service.get("extends")
         if isinstance(extends, dict) and isinstance(extends.get("file"), str):
             extends["file"] = _abs_path(extends["file"], base)
+        develop = service.get("develop")
+        for watch in (develop.get("watch") or []) if isinstance(develop, dict) else ():
+            if isinstance(watch, dict) and isinstance(watch.get("path"), str):
+                watch["path"] = _abs_path(watch["path"], base)
         for volume in service.get("volumes") or []:
             if isinstance(volume, dict) and volume.get("type") == "bind":
                 if "source" not in volume:
@@ -530,7 +537,52 @@ def _check_consistency(model: Dict[str, Any], disabled: Dict[str, Any]) -> None:
             if target in mounts:
                 raise ComposeError(f"target {target} already mounted as {mounts[target]}", path=f"{where}.volumes")
             mounts[target] = f"{where}.volumes[{i}]"
+        _check_resource_duplicates(name, service)
+        replicas = service.get("scale") if service.get("scale") is not None else \
+            (service.get("deploy") or {}).get("replicas") if isinstance(service.get("deploy"), dict) else None
+        if service.get("container_name") and isinstance(replicas, int) and replicas > 1:
+            attribute = "scale" if service.get("scale") is not None else "deploy.replicas"
+            raise ComposeError(f"can't set container_name and {attribute} as container name must be unique",
+                               path=where)
+    for name, secret in (model.get("secrets") or {}).items():
+        if isinstance(secret, dict) and not secret.get("external") and not secret.get("file") \
+                and not secret.get("environment"):
+            raise ComposeError(f"secret {go_quote(name)} must declare either `file` or `environment`",
+                               path=f"secrets.{name}")
     _check_cycles(services)
+
+
+def _check_resource_duplicates(name: str, service: Dict[str, Any]) -> None:
+    """Keys that Compose reads as another spelling of a deploy setting must agree with it
+    (compose-go's checkConsistency); values that do not parse are left to the encoder's errors."""
+    from compose2sif.units import parse_bytes
+    deploy = service.get("deploy")
+    if not isinstance(deploy, dict):
+        return
+    resources = deploy.get("resources") if isinstance(deploy.get("resources"), dict) else {}
+
+    def size(value):
+        return parse_bytes(value) if value not in (None, "") else 0
+
+    checks = (("scale", "deploy.replicas", deploy, "replicas", int),
+              ("cpus", "deploy.resources.limits.cpus", resources.get("limits"), "cpus", float),
+              ("mem_limit", "deploy.resources.limits.memory", resources.get("limits"), "memory", size),
+              ("mem_reservation", "deploy.resources.reservations.memory", resources.get("reservations"), "memory",
+               size),
+              ("pids_limit", "deploy.resources.limits.pids", resources.get("limits"), "pids", int))
+    for key, other, section, field_name, parse in checks:
+        if service.get(key) is None or not isinstance(section, dict):
+            continue
+        try:
+            mine = parse(service[key])
+            theirs = parse(section.get(field_name) or 0)
+        except (TypeError, ValueError):
+            continue
+        if key == "scale":
+            if section.get(field_name) is not None and mine != theirs:
+                raise ComposeError(f"can't set distinct values on '{key}' and '{other}'", path=f"services.{name}")
+        elif mine and mine != theirs:
+            raise ComposeError(f"can't set distinct values on '{key}' and '{other}'", path=f"services.{name}")
 
 
 def _string_list(value: Any) -> List[str]:
@@ -683,4 +735,10 @@ def _locate(exc: ComposeError, ctx: _Context) -> ComposeError:
             exc.file, exc.line = doc.filename, doc.line_of(*parts)
         elif parts[1] in ctx.origins:
             exc.file, exc.line = ctx.origins[parts[1]]
+    elif exc.file is None and exc.path:  # a top-level resource: the last document that declares it
+        parts = tuple(p.split("[")[0] for p in exc.path.split("."))[:2]
+        for doc in reversed(ctx.parsed_documents()):
+            if parts in doc.lines:
+                exc.file, exc.line = doc.filename, doc.lines[parts]
+                break
     return exc
