@@ -98,7 +98,7 @@ def parse_volume(spec: str, where: str = "") -> Dict[str, Any]:
     if len(spec) == 0:
         raise ComposeError("invalid empty volume spec", path=where or None)
     if len(spec) <= 2:
-        return {"type": "volume", "target": spec, "volume": {}}
+        return {"type": "volume", "target": spec}
     buffer: List[str] = []
     depth = 0
     source = target = None

@@ -170,6 +170,18 @@ def _device_request(value: Any, path: str) -> Dict[str, Any]:
     return out
 
 
+def _json_number(value: float) -> Any:
+    """Go's JSON encoder prints a whole float without a fraction (2, not 2.0)."""
+    return int(value) if value.is_integer() else value
+
+
+def _cpus(value: Any, path: str) -> Any:
+    try:
+        return _json_number(float32(float(value)))
+    except (TypeError, ValueError):
+        raise _fail(path, f"invalid cpus value {value!r}") from None
+
+
 def _resource(value: Any, path: str) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for key, item in (value or {}).items():
@@ -180,7 +192,7 @@ def _resource(value: Any, path: str) -> Dict[str, Any]:
             except (TypeError, ValueError):
                 raise _fail(where, f"invalid cpus value {item!r}") from None
             if cpus:
-                out[key] = cpus
+                out[key] = _json_number(cpus)
         elif key == "memory":
             memory = _bytes(item, where)
             if memory != "0":
@@ -373,7 +385,7 @@ def _develop(value: Any, path: str) -> Any:
 
 
 _ENCODERS: Dict[str, Callable[[Any, str], Any]] = {
-    "develop": _develop,
+    "develop": _develop, "cpus": _cpus, "stop_grace_period": _duration,
     "labels": _labels, "annotations": _labels, "sysctls": _labels, "logging": _logging,
     "dns": _strings, "dns_search": _strings, "dns_opt": _strings, "tmpfs": _strings, "expose": _strings,
     "group_add": _strings, "mem_limit": _bytes, "mem_reservation": _bytes, "memswap_limit": _bytes,

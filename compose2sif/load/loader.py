@@ -346,7 +346,8 @@ def _clone(value: Any) -> Any:
 def _abs_path(value: Any, base: str) -> Any:
     if not isinstance(value, str) or value == "":
         return value
-    value = os.path.expanduser(value) if value.startswith("~") else value
+    if value.startswith("~"):  # Compose cleans a path it expanded or joined, and keeps an absolute one as written
+        return os.path.normpath(os.path.expanduser(value))
     return value if os.path.isabs(value) else os.path.normpath(os.path.join(base, value))
 
 
