@@ -593,24 +593,30 @@ def _string_list(value: Any) -> List[str]:
 
 
 def _check_cycles(services: Dict[str, Any]) -> None:
-    state: Dict[str, int] = {}
-
-    def visit(name: str, stack: List[str]) -> None:
-        state[name] = 1
-        for dep in (services[name].get("depends_on") or {}):
+    """Depth-first over depends_on, without recursion (a chain may be thousands of services long)."""
+    state: Dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in services:
+        if start in state:
+            continue
+        path = [start]
+        pending = [iter(services[start].get("depends_on") or {})]
+        state[start] = 1
+        while pending:
+            dep = next(pending[-1], None)
+            if dep is None:
+                state[path.pop()] = 2
+                pending.pop()
+                continue
             if dep not in services:
                 continue
             if state.get(dep) == 1:
-                cycle = stack[stack.index(dep):] + [dep] if dep in stack else [name, dep]
+                cycle = path[path.index(dep):] + [dep]
                 raise ComposeError("dependency cycle detected: " + " -> ".join(cycle),
-                                   path=f"services.{name}.depends_on")
-            if state.get(dep) is None:
-                visit(dep, stack + [dep])
-        state[name] = 2
-
-    for name in services:
-        if name not in state:
-            visit(name, [name])
+                                   path=f"services.{path[-1]}.depends_on")
+            if dep not in state:
+                state[dep] = 1
+                path.append(dep)
+                pending.append(iter(services[dep].get("depends_on") or {}))
 
 
 def _merge_env_files(service: Dict[str, Any], environment: Dict[str, str], path: str) -> None:
@@ -644,6 +650,16 @@ def _merge_env_files(service: Dict[str, Any], environment: Dict[str, str], path:
 # ---- entry point ------------------------------------------------------------------------------
 
 def load_project(options: ProjectOptions) -> Project:
+    files: List[str] = []  # filled in as soon as they are known, to name them in the error below
+    try:
+        return _load_project(options, files)
+    except RecursionError:
+        # Values nested hundreds of levels deep: Compose reads them, Python's recursion limit stops us.
+        raise ComposeError("values nested too deeply to be read (a list or mapping hundreds of levels deep)"
+                           ).located(files[0] if files else None) from None
+
+
+def _load_project(options: ProjectOptions, known_files: List[str]) -> Project:
     environ = dict(os.environ if options.environ is None else options.environ)
     cwd = os.path.abspath(options.cwd or os.getcwd())
     project_dir = _abs(options.project_directory, cwd) if options.project_directory else None
@@ -669,6 +685,7 @@ def load_project(options: ProjectOptions) -> Project:
     if not files:
         files = _discover(default_dir)
     working_dir = project_dir or os.path.dirname(files[0])
+    known_files.extend(files)
 
     ctx = _Context()
     if options.project_name:
