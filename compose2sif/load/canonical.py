@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import ipaddress
 import posixpath
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -51,6 +50,7 @@ def parse_port(spec: str) -> List[Dict[str, Any]]:
     if ip.startswith("[") and ip.endswith("]"):
         ip = ip[1:-1]
     if ip:
+        import ipaddress  # here: most projects publish no address, and the module costs ~2 ms to import
         try:
             ipaddress.ip_address(ip)
         except ValueError:
