@@ -438,9 +438,21 @@ def _used_resources(services: Dict[str, Any]) -> Dict[str, set]:
     return used
 
 
-def _network(value: Dict[str, Any]) -> Dict[str, Any]:
-    out = dict(value)
-    out["ipam"] = _omit_empty(out.get("ipam") or {}, "")  # a Go struct, so always printed
+# Fields of top-level resources that Compose holds as pointers: printed even when false.
+_RESOURCE_POINTERS = ("enable_ipv4", "enable_ipv6")
+
+
+def _resource_entry(kind: str, value: Dict[str, Any]) -> Dict[str, Any]:
+    """A network, volume, secret or config as Compose prints it: zero values of plain fields left
+    out, labels as a mapping, driver options as strings; a network always has an `ipam` section."""
+    out = {k: v for k, v in value.items() if k in _RESOURCE_POINTERS or not _is_zero(v)}
+    if "labels" in out:
+        out["labels"] = _labels(out["labels"], f"{kind}.labels")
+    if isinstance(out.get("driver_opts"), dict):
+        out["driver_opts"] = {k: (None if v is None else go_str(v)) for k, v in out["driver_opts"].items()}
+    if kind == "networks":
+        ipam = out.get("ipam") if isinstance(out.get("ipam"), dict) else {}
+        out["ipam"] = {k: v for k, v in ipam.items() if k in ("driver", "config") and not _is_zero(v)}
     return out
 
 
@@ -451,9 +463,8 @@ def encode_project(model: Dict[str, Any]) -> Dict[str, Any]:
     out["services"] = {name: encode_service(name, svc) for name, svc in sorted(services.items())}
     used = _used_resources(services)
     for key in ("networks", "volumes", "secrets", "configs", "models"):
-        kept = {k: v for k, v in (model.get(key) or {}).items() if k in used[key]}
-        if key == "networks":
-            kept = {k: _network(v) for k, v in kept.items()}
+        kept = {k: _resource_entry(key, v) if isinstance(v, dict) else v
+                for k, v in (model.get(key) or {}).items() if k in used[key]}
         if kept:
             out[key] = kept
     out.update((k, v) for k, v in model.items() if k not in out and k not in ("include", *used))
