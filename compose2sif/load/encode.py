@@ -384,7 +384,37 @@ def _develop(value: Any, path: str) -> Any:
     return value
 
 
+def _hooks(value: Any, path: str) -> Any:
+    """post_start / pre_stop: each command split like `command`, its environment a mapping."""
+    if not isinstance(value, list):
+        return value
+    hooks = []
+    for i, hook in enumerate(value):
+        if isinstance(hook, dict):
+            hook = {k: v for k, v in hook.items() if not _is_zero(v)}
+            if "command" in hook:
+                hook["command"] = shell_command(hook["command"], f"{path}[{i}].command")
+            if isinstance(hook.get("environment"), list):
+                hook["environment"] = {k: (v if sep else None) for k, sep, v in
+                                       (go_str(item).partition("=") for item in hook["environment"])}
+        hooks.append(hook)
+    return hooks
+
+
+def _blkio(value: Any, path: str) -> Any:
+    """compose-go's ThrottleDevice has no JSON tags, so its fields print as Path and Rate."""
+    if not isinstance(value, dict):
+        return value
+    out = dict(value)
+    for key in ("device_read_bps", "device_write_bps", "device_read_iops", "device_write_iops"):
+        if isinstance(out.get(key), list):
+            out[key] = [{"Path": d.get("path"), "Rate": _bytes(d.get("rate", 0), f"{path}.{key}")}
+                        if isinstance(d, dict) else d for d in out[key]]
+    return out
+
+
 _ENCODERS: Dict[str, Callable[[Any, str], Any]] = {
+    "post_start": _hooks, "pre_stop": _hooks, "blkio_config": _blkio,
     "develop": _develop, "cpus": _cpus, "stop_grace_period": _duration,
     "labels": _labels, "annotations": _labels, "sysctls": _labels, "logging": _logging,
     "dns": _strings, "dns_search": _strings, "dns_opt": _strings, "tmpfs": _strings, "expose": _strings,

@@ -638,13 +638,53 @@ def _merge_env_files(service: Dict[str, Any], environment: Dict[str, str], path:
                 raise ComposeError(f"env file {file_path} not found", path=f"{path}.env_file")
             continue
         try:
-            dotenv.parse(_read(file_path), lambda k: lookup(k) if lookup(k) is not None else values.get(k),
-                         into=values)
+            if env_file.get("format") == "raw":
+                values.update(_raw_env_file(_read(file_path), environment))
+            else:
+                dotenv.parse(_read(file_path), lambda k: lookup(k) if lookup(k) is not None else values.get(k),
+                             into=values)
         except dotenv.DotenvError as exc:
-            raise ComposeError(f"invalid env file {file_path}: {exc}", path=f"{path}.env_file") from None
+            raise ComposeError(f"failed to parse env_file {file_path}: {exc}", path=f"{path}.env_file") from None
     merged: Dict[str, Optional[str]] = dict(values)
     merged.update(own)
     service["environment"] = merged
+
+
+def _raw_env_file(text: str, environment: Dict[str, str]) -> Dict[str, str]:
+    """``format: raw``: docker's --env-file rules. Each ``KEY=VALUE`` line is taken as written (no
+    quotes, comments or variables); a bare ``KEY`` takes the environment's value, if any."""
+    values: Dict[str, str] = {}
+    for line in text.lstrip("\ufeff").splitlines():
+        line = line.lstrip(" \t")
+        if not line or line.startswith("#"):
+            continue
+        key, found, value = line.partition("=")
+        if not key:
+            raise dotenv.DotenvError(f"no variable name on line '{line}'")
+        if " " in key or "\t" in key:
+            raise dotenv.DotenvError(f"variable '{key}' contains whitespaces")
+        if found:
+            values[key] = value
+        elif key in environment:
+            values[key] = environment[key]
+    return values
+
+
+def _merge_label_files(service: Dict[str, Any], environment: Dict[str, str], path: str) -> None:
+    """``label_file``: dotenv files of labels, under the service's own labels (which win)."""
+    label_files = service.pop("label_file", None) or []
+    if not label_files:
+        return
+    values: Dict[str, str] = {}
+    for file_path in label_files:
+        try:
+            dotenv.parse(_read(file_path), lambda k: environment.get(k, values.get(k)), into=values)
+        except dotenv.DotenvError as exc:
+            raise ComposeError(f"failed to parse label_file {file_path}: {exc}", path=f"{path}.label_file") from None
+    own = service.get("labels") or {}
+    if isinstance(own, list):
+        own = dict((item.split("=", 1) + [""])[:2] for item in map(str, own))
+    service["labels"] = {**values, **own}
 
 
 # ---- entry point ------------------------------------------------------------------------------
@@ -733,6 +773,7 @@ def _load_project(options: ProjectOptions, known_files: List[str]) -> Project:
         _check_consistency(model, disabled)
         for sname, service in active.items():
             _merge_env_files(service, environment, f"services.{sname}")
+            _merge_label_files(service, environment, f"services.{sname}")
         config = encode_project(model)  # also checks durations, sizes, counts
     except ComposeError as exc:
         raise _locate(exc, ctx) from None
