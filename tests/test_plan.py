@@ -361,3 +361,10 @@ def test_values_that_would_be_shell_stay_data(tmp_path):
             services:
               x: {image: example/x, restart: "on-failure:a[$(touch /tmp/PWNED)]"}
         """)
+
+
+def test_long_dependency_chains_and_expose_ranges(tmp_path):
+    chain = "\n".join(f"  s{i}: {{image: example/s, depends_on: [s{i + 1}]}}" for i in range(250))
+    plan = plan_for(tmp_path, f"services:\n{chain}\n  s250: {{image: example/s, expose: ['7000-7002']}}\n")
+    assert plan.service("s0").level == 250
+    assert [p.container for p in plan.service("s250").ports] == [7000, 7001, 7002]

@@ -56,17 +56,24 @@ def _instance_name(project: str, service: Service) -> str:
 
 
 def _levels(services: Dict[str, Service]) -> Dict[str, int]:
+    """Start level: 0 for services that depend on nothing, else one above their deepest dependency.
+    Iterative, so that a chain of thousands of services needs no deep recursion (cycles were
+    rejected by the loader)."""
     levels: Dict[str, int] = {}
-
-    def level(name: str) -> int:
-        if name not in levels:
-            levels[name] = 0  # cycles were rejected by the loader
+    for root in services:
+        stack = [root]
+        while stack:
+            name = stack[-1]
+            if name in levels:
+                stack.pop()
+                continue
             deps = [d.service for d in services[name].depends_on if d.service in services]
-            levels[name] = 1 + max((level(d) for d in deps), default=-1)
-        return levels[name]
-
-    for name in services:
-        level(name)
+            missing = [d for d in deps if d not in levels]
+            if missing:
+                stack.extend(missing)
+                continue
+            levels[name] = 1 + max((levels[d] for d in deps), default=-1)
+            stack.pop()
     return levels
 
 
@@ -156,9 +163,10 @@ def _service_net(service: Service, adapter: Optional[image_adapters.Adapter], la
         saw(mapping.target, "ports")
         listens.setdefault(mapping.target, Listen(mapping.target, [], None, mapping.published or "", mapping.host_ip))
     for item in service.raw.get("expose") or []:
-        port = str(item).split("/")[0]
-        if port.isdigit() and not str(item).endswith("/udp"):
-            saw(int(port), "expose")
+        first, _, last = str(item).split("/")[0].partition("-")  # "9000", "7000-7002", "53/udp"
+        if first.isdigit() and (last or first).isdigit() and not str(item).endswith("/udp"):
+            for port in range(int(first), min(int(last or first), int(first) + 100) + 1):
+                saw(port, "expose")
     for port in exposed:
         saw(port, IMAGE_EXPOSE)
     for port, where in sorted(evidence.items()):
