@@ -36,6 +36,13 @@ detect_runtime() {
 # size cap), else --writable-tmpfs (in memory, capped by the runtime's "sessiondir max size").
 # Setuid installs refuse directory overlays to users. C2S_WRITABLE_ROOT=overlay|tmpfs|none
 # overrides. Measured in docs/writable-paths.md.
+# (overlayfs leaves its work directory mode 000: make it removable first)
+remove_overlay() {
+    [ -e "$STATE/overlay/$1" ] || return 0
+    chmod -R u+rwx "$STATE/overlay/$1" 2>/dev/null
+    rm -rf "$STATE/overlay/$1"
+}
+
 WRITABLE_ROOT=""
 writable_root_mode() {
     local starter
@@ -410,7 +417,7 @@ runtime_flags() {
     [ "$S_WRITABLE_TMPFS" = 1 ] && root=tmpfs
     case "$root" in
         overlay)
-            rm -rf "$STATE/overlay/$S_NAME" && mkdir -p "$STATE/overlay/$S_NAME"
+            remove_overlay "$S_NAME" && mkdir -p "$STATE/overlay/$S_NAME"
             FLAGS+=(--overlay "$STATE/overlay/$S_NAME")
             ;;
         tmpfs) FLAGS+=(--writable-tmpfs) ;;
@@ -475,7 +482,9 @@ recorded_health() {
     [ -n "$result" ] && [ "$pid" = "$IPID" ] || return 1
     printf -v age '%(%s)T' -1
     age=$((age - t))
-    ((age >= 0 && age < ${S_HEALTH_INTERVAL%.*})) || return 1
+    # fresh: younger than the probe interval, and never less than 5 s (a probe `ps` has just run
+    # must still count when the clock ticks between probing and reading)
+    ((age >= 0 && age < (${S_HEALTH_INTERVAL%.*} > 5 ? ${S_HEALTH_INTERVAL%.*} : 5))) || return 1
     HEALTH_NOW=$result
 }
 
@@ -790,7 +799,7 @@ stop_service() {
         remove_instance
         wait_ended "$STARTER"
     fi
-    rm -rf "$STATE/overlay/$name"  # what it wrote into its image goes with it, as under Docker
+    remove_overlay "$name"  # what it wrote into its image goes with it, as under Docker
     rm -f "$(status_file "$name")"
 }
 

@@ -30,7 +30,8 @@ def front(node):
     subprocess.run(["chown", "-R", f"{node.uid}:{node.uid}", str(stack)], check=True)
     node.run(f"cd ~ && rm -rf {OUT}")
     for host in (ALLOWED, DENIED):  # plain HTTP servers on two private addresses, as the test's own
-        node.run(f"cd /tmp && nohup setsid python3 -m http.server --bind {host} 18999 >/dev/null 2>&1 &")
+        # (the subshell's own output closed too: node.run waits until nothing holds its pipes)
+        node.run(f"cd /tmp && (setsid python3 -m http.server --bind {host} 18999 &) </dev/null >/dev/null 2>&1")
     proc = node.c2s(f"-f dify-front/compose.yaml up -d --preset dify --ssrf-allow {ALLOWED}/32 "
                     f"--registry-mirror {node.registry} -o {OUT}", timeout=1500)
     assert proc.returncode == 0, proc.stdout + proc.stderr
