@@ -866,6 +866,7 @@ cmd_down() {
         [ "$outlived" = 1 ] && wait_ended "${starters[@]}"
     done
     wait_ended "${starters[@]}"
+    for name in "${SERVICES[@]}"; do remove_overlay "$name"; done  # what they wrote into their images
     if [ "$volumes" = 1 ]; then
         note "removing volumes in $STATE/volumes"
         rm -rf "$STATE/volumes"
