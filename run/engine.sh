@@ -404,6 +404,7 @@ runtime_flags() {
     # (no --pwd: `instance start` has none; the start script changes to the working directory)
     FLAGS=(--cleanenv "${EVAL_FLAGS[@]}" --env-file "$(env_file)")
     FLAGS+=(--bind "$STATE/hosts:/etc/hosts:ro")
+    [ -e "$RUNDIR/$S_NAME.fakeroot" ] && FLAGS+=(--fakeroot)
     local b src rest
     for b in "${S_BINDS[@]}"; do
         src=${b%%:*} rest=${b#*:}
@@ -424,6 +425,27 @@ runtime_flags() {
     esac
     mkdir -p "$STATE/services/$S_NAME/home"
     FLAGS+=(--home "$STATE/services/$S_NAME/home")
+}
+
+# A service that switches to other user ids inside (Dify's sandbox) gets --fakeroot only where that
+# maps container uids and gids 0..N here: Apptainer maps what /etc/subuid and /etc/subgid give the
+# user (with no entry, one id), setuid installs likewise. Probed at `up`; otherwise it starts
+# plainly and one line says what will not work.
+probe_fakeroot() {
+    load_service "$1"
+    rm -f "$RUNDIR/$1.fakeroot"
+    [ -n "$S_FAKEROOT_IDS" ] && [ -f "$S_SIF" ] || return 0
+    if "$RT" exec --fakeroot "$S_SIF" sh -c 'cat /proc/self/uid_map; echo --; cat /proc/self/gid_map' 2>/dev/null |
+        awk -v want="$S_FAKEROOT_IDS" 'BEGIN { f = 1 } $1 == "--" { f++; next } NF == 3 { n[f]++; s[f, n[f]] = $1; c[f, n[f]] = $3 }
+            END { if (f != 2) exit 1
+                  for (k = 1; k <= 2; k++) { covered = 0  # ids 0..covered-1 are mapped
+                      for (p = 0; p < n[k]; p++) for (i = 1; i <= n[k]; i++)
+                          if (s[k, i] <= covered && s[k, i] + c[k, i] > covered) covered = s[k, i] + c[k, i]
+                      if (covered <= want) exit 1 } }'; then
+        : >"$RUNDIR/$1.fakeroot"
+    else
+        note "$S_FAKEROOT_WITHOUT"
+    fi
 }
 
 prepare_dirs() {
@@ -620,7 +642,7 @@ cmd_up() {
     prepare_state
     stop_supervisor  # one supervisor per project; a new one starts below
     mapfile -t names < <(closure "${names[@]}")
-    for name in "${names[@]}"; do rm -f "$(status_file "$name")" "$RUNDIR/$name.timeline"; done
+    for name in "${names[@]}"; do rm -f "$(status_file "$name")" "$RUNDIR/$name.timeline"; probe_fakeroot "$name"; done
     assign_gpus "${names[@]}"
     list_instances
     # nothing starts while an endpoint of a service to start is taken on this node

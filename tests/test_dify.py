@@ -172,3 +172,26 @@ def test_ssrf_proxies_listen_on_their_own_address_and_allow_the_model_servers(tm
 def test_run_sh_is_valid_bash_and_shellcheck_clean(dify):
     work, _, _ = dify
     assert_valid_bash(work / "out" / "run.sh")
+
+
+def test_sandbox_gets_fakeroot_only_where_its_ids_map_and_says_so_otherwise(dify):
+    work, plan, _ = dify
+    sandbox = service(plan, "sandbox")
+    assert sandbox["fakeroot"]["ids"] == 10999  # 0.2.15: a uid from 10000-10999 per Code run
+    assert "CODE_EXECUTION_ENDPOINT" in sandbox["fakeroot"]["without"]
+    assert [s["name"] for s in plan["services"] if s["fakeroot"]] == ["sandbox"]
+    run_sh = (work / "out" / "run.sh").read_text()
+    assert run_sh.count("S_FAKEROOT_IDS=10999 ") == 1 and run_sh.count("S_FAKEROOT_IDS='' ") == len(plan["services"]) - 1
+
+
+@pytest.mark.parametrize("image,ids", [("langgenius/dify-sandbox:0.2.15", 10999),
+                                       ("langgenius/dify-sandbox:0.2.13", 10999),
+                                       ("langgenius/dify-sandbox:0.2.12", 65537),  # the fixed uid 65537
+                                       ("langgenius/dify-sandbox:latest", 65537)])  # unknown: the wider need
+def test_sandbox_ids_follow_its_version(tmp_path, image, ids):
+    from compose2sif.load import ProjectOptions, load_project
+    from compose2sif.plan import PlanOptions, build_plan
+    (tmp_path / "compose.yaml").write_text(f"services:\n  sandbox:\n    image: {image}\n")
+    project = load_project(ProjectOptions(cwd=str(tmp_path), environ={"HOME": "/home/u"}))
+    plan = build_plan(project, PlanOptions(port_base=30000, busy=set()))
+    assert plan.service("sandbox").fakeroot["ids"] == ids

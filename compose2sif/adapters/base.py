@@ -61,5 +61,10 @@ class Adapter:
         """Whether its ``config`` knobs work for this service (a config we render is mounted)."""
         return True
 
+    def fakeroot(self, service: Service) -> Optional[Tuple[int, str]]:
+        """(N, line): the service needs `--fakeroot` with container ids 0..N mapped (it changes to
+        those ids); without such a mapping it starts plainly and `up` prints the line once."""
+        return None
+
     def finish(self, draft: Draft) -> None:
         """Rewrites of the launch, healthcheck and config files once ports and address are decided."""

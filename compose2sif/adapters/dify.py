@@ -58,7 +58,24 @@ PLUGIN_DAEMON = Adapter(
     address=Knob("env", "SERVER_HOST", "{address}"),
     workdir="/app",
 )
-SANDBOX = Adapter(
+class Sandbox(Adapter):
+    """dify-sandbox runs each Code node after chroot(".") and setgroups/setgid/setuid to a sandbox
+    id: 0.2.13 and later take a uid from 10000-10999 per run (and the group of the `sandbox` user
+    it adds at start), earlier versions the fixed uid 65537. Only `--fakeroot` with those ids mapped
+    allows that to an unprivileged user (docs/dify-sandbox.md)."""
+
+    def fakeroot(self, service):
+        tag = (service.image or "").split("@", 1)[0].rsplit("/", 1)[-1].partition(":")[2]
+        version = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)\b.*", tag)
+        highest = 10999 if version and tuple(map(int, version.groups())) >= (0, 2, 13) else 65537
+        return highest, (f"service {service.name!r}: Dify's Code nodes will not work here: dify-sandbox needs "
+                         f"apptainer --fakeroot with ids 0-{highest} mapped (an /etc/subuid and /etc/subgid range "
+                         f"of at least {highest} ids, from the admins). The rest of Dify runs; for Code nodes set "
+                         "CODE_EXECUTION_ENDPOINT (and CODE_EXECUTION_API_KEY) in .env to a dify-sandbox run "
+                         "elsewhere, then convert again")
+
+
+SANDBOX = Sandbox(
     family="dify-sandbox",
     images=r"dify-sandbox$",
     ports={8194: Knob("env", "SANDBOX_PORT", "{port}")},

@@ -413,7 +413,8 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
             stop_grace_period=_seconds(stop_grace, 10.0),
             ulimits={k: [soft, hard] for k, (soft, hard) in service.ulimits.items()},
             writable_tmpfs=bool(_hints(service).get("writable_tmpfs")),
-            adapter=adapter.family if adapter else None, warnings=draft.warnings))
+            adapter=adapter.family if adapter else None, warnings=draft.warnings,
+            fakeroot=_fakeroot(service, adapter)))
         warnings.extend(draft.warnings)
     if presets:
         warnings.append("preset " + ", ".join(sorted(presets)) + ": its adapters shape "
@@ -465,6 +466,11 @@ def _hosts(services: Dict[str, Service], names: Dict[str, List[str]], network, w
 
 def _sanitize(path: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", path.strip("/")) or "root"
+
+
+def _fakeroot(service: Service, adapter: Optional[image_adapters.Adapter]) -> Optional[Dict[str, Any]]:
+    needs = adapter.fakeroot(service) if adapter else None
+    return {"ids": needs[0], "without": needs[1]} if needs else None
 
 
 def _binds(service: Service, project: Project, adapter: Optional[image_adapters.Adapter]) -> Tuple[List[Bind], List[str]]:

@@ -50,6 +50,7 @@ class ServicePlan:
     ulimits: Dict[str, List[int]]
     writable_tmpfs: bool
     adapter: Optional[str] = None     # the image family whose adapter shaped it
+    fakeroot: Optional[Dict[str, Any]] = None  # {"ids": N, "without": line}: --fakeroot where ids 0..N map
     warnings: List[str] = field(default_factory=list)
 
 

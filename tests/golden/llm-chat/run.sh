@@ -39,6 +39,7 @@ svc_0_db() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=()
     S_BINDS=(state/volumes/pgdata:/var/lib/postgresql/data state/services/db/scratch/var_run_postgresql:/var/run/postgresql state/services/db/scratch/tmp:/tmp)
     S_MKDIRS=(state/volumes/pgdata state/services/db/scratch/var_run_postgresql state/services/db/scratch/tmp)
@@ -62,6 +63,7 @@ svc_1_llm() {
     S_NV=1
     S_GPUS=(count=4)
     S_WRITABLE_TMPFS=0
+    S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=()
     S_BINDS=(<PROJECT>/models:/models:ro state/services/llm/tmpfs/tmp:/tmp)
     S_MKDIRS=(<PROJECT>/models state/services/llm/tmpfs/tmp)
@@ -85,6 +87,7 @@ svc_2_redis() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=()
     S_BINDS=(state/volumes/redisdata:/data state/services/redis/scratch/tmp:/tmp config/redis/redis/compose2sif.conf:/etc/compose2sif/redis.conf:ro)
     S_MKDIRS=(state/volumes/redisdata state/services/redis/scratch/tmp)
@@ -108,6 +111,7 @@ svc_3_api() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=(db:service_healthy redis:service_started llm:service_healthy)
     S_BINDS=(state/volumes/uploads:/app/uploads state/services/api/scratch/tmp:/tmp)
     S_MKDIRS=(state/volumes/uploads state/services/api/scratch/tmp)
@@ -130,6 +134,7 @@ svc_4_web() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=(api:service_started)
     S_BINDS=(state/services/web/scratch/tmp:/tmp)
     S_MKDIRS=(state/services/web/scratch/tmp)
@@ -153,6 +158,7 @@ svc_5_proxy() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=(web:service_healthy)
     S_BINDS=(state/services/proxy/scratch/var_cache_nginx:/var/cache/nginx state/services/proxy/scratch/var_run:/var/run state/services/proxy/scratch/run:/run state/services/proxy/scratch/var_log_nginx:/var/log/nginx state/services/proxy/scratch/var_lib_nginx:/var/lib/nginx state/services/proxy/scratch/tmp:/tmp config/proxy/root/etc/nginx/conf.d:/etc/nginx/conf.d:ro)
     S_MKDIRS=(state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_run state/services/proxy/scratch/run state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx state/services/proxy/scratch/tmp)
