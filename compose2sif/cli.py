@@ -4,6 +4,7 @@ Global options follow ``docker compose``: ``compose2sif -f a.yaml -f b.yaml --pr
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -23,10 +24,39 @@ class _State:
         self.options = options
 
     def load(self):
-        project = load_project(self.options)
+        try:
+            project = load_project(self.options)
+        except ComposeError as exc:
+            created = _dotenv_from_example(str(exc))
+            if created is None:
+                raise
+            click.echo(f"created {created} from .env.example, as Dify's setup does; edit it to change settings",
+                       err=True)
+            project = load_project(self.options)
         for warning in project.warnings:
             click.echo(f"WARN {warning}", err=True)
         return project
+
+
+def _dotenv_from_example(error: str) -> Optional[str]:
+    """Dify's compose needs ./.env, which its users copy from .env.example. Do that for them."""
+    import re
+    import shutil
+    match = re.search(r"env file (\S+/\.env) not found", error)
+    if match is None:
+        return None
+    dotenv = match.group(1)
+    example = dotenv + ".example"
+    folder = os.path.dirname(dotenv)
+    composes = [os.path.join(folder, n) for n in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml")]
+    if not os.path.isfile(example) or not any(
+            os.path.isfile(c) and "langgenius/dify-" in open(c, encoding="utf-8", errors="replace").read()
+            for c in composes):
+        return None
+    with open(os.open(dotenv, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as out, \
+            open(example, encoding="utf-8") as source:
+        shutil.copyfileobj(source, out)
+    return dotenv
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -76,22 +106,25 @@ def _output_dir(project, output: Optional[str]) -> str:
     return os.path.abspath(output or os.path.join(os.getcwd(), f"compose2sif-{project.name}"))
 
 
-def _previous_ports(out_dir: str) -> set:
-    """Host ports of an earlier plan of this output dir: ours, so not 'busy' when we plan again."""
+def _previous_endpoints(out_dir: str) -> set:
+    """(address, port) of an earlier plan of this output dir: ours, so not 'busy' when we plan again."""
     try:
         with open(os.path.join(out_dir, "plan.json"), encoding="utf-8") as fh:
             plan = json.load(fh)
-    except (OSError, ValueError):
+        ours = {(p["address"], p["host"]) for s in plan.get("services", []) for p in s.get("ports", [])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return set()
-    return {p["host"] for s in plan.get("services", []) for p in s.get("ports", [])}
+    return ours | {("::", port) for address, port in ours if address == "0.0.0.0"}  # nginx's `listen [::]:P`
 
 
-def _convert(project, output, registry_mirror=None, image_sources=(), port_base=None, offline=False,
-             tls=False, tls_cert=None, tls_key=None):
-    from compose2sif import registry, render
+def _convert(state: "_State", output=None, registry_mirror=None, image_sources=(), port_base=None, offline=False,
+             tls=False, tls_cert=None, tls_key=None, address_block=None, preset=None, ssrf_allow=()):
+    from compose2sif import adapters, render
     from compose2sif.plan import PlanOptions, build_plan, image_definitions
-    from compose2sif.plan.ports import listening_ports
+    from compose2sif.plan import generated
+    from compose2sif.plan.network import node_listeners, parse_address_block
 
+    project = state.load()
     out_dir = _output_dir(project, output)
     sources = {}
     for item in image_sources:
@@ -101,9 +134,19 @@ def _convert(project, output, registry_mirror=None, image_sources=(), port_base=
         sources[service] = spec
     if bool(tls_cert) != bool(tls_key):
         raise ComposeError("--tls-cert and --tls-key go together")
+    images_used = [s.get("image") for s in project.services.values()]
+    presets = {preset} if preset else adapters.presets_for(images_used)
+    table = generated.secret_table(adapters.adapter_for(i, presets) for i in images_used)
+    chosen = generated.choose(table, project.environment, generated.read_stored(out_dir)) if table else {}
+    if chosen:  # load again as if the user had set them: interpolation puts each where it belongs
+        environ = dict(os.environ if state.options.environ is None else state.options.environ)
+        project = load_project(dataclasses.replace(state.options, environ={**environ, **chosen}))
     options = PlanOptions(registry_mirror=registry_mirror, image_sources=sources, port_base=port_base,
-                          busy_ports=listening_ports() - _previous_ports(out_dir), tls=bool(tls or tls_cert),
-                          tls_files=(os.path.abspath(tls_cert), os.path.abspath(tls_key)) if tls_cert else None)
+                          address_block=parse_address_block(address_block) if address_block else None,
+                          busy=node_listeners() - _previous_endpoints(out_dir), tls=bool(tls or tls_cert),
+                          tls_files=(os.path.abspath(tls_cert), os.path.abspath(tls_key)) if tls_cert else None,
+                          presets=presets, secrets=generated.Replacer(table, chosen) if chosen else None,
+                          ssrf_allow=list(ssrf_allow))
     try:
         images = image_definitions(project, options)
     except ComposeError as exc:
@@ -111,6 +154,7 @@ def _convert(project, output, registry_mirror=None, image_sources=(), port_base=
             exc.file, exc.line = project.locate(exc.path.split(".")[1])
         raise
     if not offline:
+        from compose2sif import registry  # requests: slow to import, not needed offline
         for source in images.values():
             image = source.ref if source.kind == "docker" else source.pull_candidate  # build + image: pull?
             if image is None:
@@ -132,6 +176,11 @@ def _convert(project, output, registry_mirror=None, image_sources=(), port_base=
         raise
     images = image_definitions(project, options)  # with the registry's answers: build + image may pull
     extra = render.write(plan, images, out_dir)
+    if chosen:
+        render.write_private(out_dir, generated.SECRETS_FILE, generated.file_text(chosen))
+        click.echo(f"secrets: {len(chosen)} public default(s) replaced by generated values, kept in "
+                   f"{os.path.join(out_dir, generated.SECRETS_FILE)} (`compose2sif secrets` shows where each is used)",
+                   err=True)
     for warning in plan.warnings + extra:
         if warning not in project.warnings:
             click.echo(f"WARN {warning}", err=True)
@@ -140,22 +189,38 @@ def _convert(project, output, registry_mirror=None, image_sources=(), port_base=
     return plan, out_dir
 
 
+def _convert_options(command):
+    """The options of `convert`, shared by `up`."""
+    options = [
+        click.option("-o", "--output", metavar="DIR", help="Output directory (default: ./compose2sif-PROJECT)."),
+        click.option("--registry-mirror", metavar="HOST", help="Pull Docker Hub images through this registry."),
+        click.option("--image-source", "image_sources", multiple=True, metavar="SERVICE=KIND:PATH",
+                     help="Take a service's image from a docker-archive, oci-archive or ready sif file (repeatable)."),
+        click.option("--port-base", type=int,
+                     help="First port of the block the moved ports go to (default: per user and project)."),
+        click.option("--address-block", metavar="127.A.B.0/24",
+                     help="Loopback /24 the services' own addresses come from (default: per user and project)."),
+        click.option("--offline", is_flag=True, help="Do not ask registries for image configurations."),
+        click.option("--tls", is_flag=True, help="Serve HTTPS from the nginx service(s) with a self-signed certificate."),
+        click.option("--tls-cert", metavar="FILE", help="Certificate for --tls instead of a self-signed one."),
+        click.option("--tls-key", metavar="FILE", help="Private key of --tls-cert."),
+        click.option("--preset", type=click.Choice(["dify"]),
+                     help="Treat the project as this family's (default: detected from its images)."),
+        click.option("--ssrf-allow", "ssrf_allow", multiple=True, metavar="CIDR|DOMAIN",
+                     help="A private destination the project's SSRF proxies may reach, such as a vLLM host "
+                          "(repeatable; model servers of the stack are allowed already)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 @cli.command()
-@click.option("-o", "--output", metavar="DIR", help="Output directory (default: ./compose2sif-PROJECT).")
-@click.option("--registry-mirror", metavar="HOST", help="Pull Docker Hub images through this registry.")
-@click.option("--image-source", "image_sources", multiple=True, metavar="SERVICE=KIND:PATH",
-              help="Take a service's image from a docker-archive, oci-archive or ready sif file (repeatable).")
-@click.option("--port-base", type=int, help="First port of the block the moved ports go to (default: per user and project).")
-@click.option("--offline", is_flag=True, help="Do not ask registries for image configurations.")
-@click.option("--tls", is_flag=True, help="Serve HTTPS from the nginx service(s) with a self-signed certificate.")
-@click.option("--tls-cert", metavar="FILE", help="Certificate for --tls instead of a self-signed one.")
-@click.option("--tls-key", metavar="FILE", help="Private key of --tls-cert.")
+@_convert_options
 @click.pass_obj
-def convert(state: _State, output, registry_mirror, image_sources, port_base, offline, tls, tls_cert, tls_key):
+def convert(state: _State, **choices):
     """Write Singularity definitions, run.sh, env files, hosts and plan.json for the project."""
-    project = state.load()
-    plan, out_dir = _convert(project, output, registry_mirror, image_sources, port_base, offline,
-                             tls, tls_cert, tls_key)
+    plan, out_dir = _convert(state, **choices)
     shown = os.path.relpath(out_dir)
     shown = out_dir if shown.startswith("..") else shown
     click.echo(f"wrote {out_dir}: {len(plan.images)} image definition(s), {len(plan.services)} service(s); "
@@ -169,6 +234,37 @@ def _existing_output(state: _State, output: Optional[str]) -> str:
 
 @cli.command()
 @click.option("-o", "--output", metavar="DIR")
+@click.option("--show", is_flag=True, help="Print the values too.")
+@click.pass_obj
+def secrets(state: _State, output, show):
+    """Where the generated secrets are kept and which services use them."""
+    import shlex
+    from compose2sif.plan import generated
+    out_dir = _existing_output(state, output)
+    values = generated.read_stored(out_dir)
+    if not values:
+        click.echo(f"no generated secrets in {out_dir}")
+        return
+    click.echo(f"{os.path.join(out_dir, generated.SECRETS_FILE)} (mode 0600) holds {len(values)} generated secret(s):")
+    users = {}
+    env_dir = os.path.join(out_dir, "env")
+    for name in sorted(os.listdir(env_dir)) if os.path.isdir(env_dir) else []:
+        if not name.endswith(".env") or name.endswith(".eval.env"):
+            continue
+        with open(os.path.join(env_dir, name), encoding="utf-8") as fh:
+            for line in fh:
+                key, sep, value = line.rstrip("\n").partition("=")
+                if sep and not key.startswith("#") and key != "C2S_LAUNCH":
+                    for variable, secret in values.items():
+                        if secret in "".join(shlex.split(value)):
+                            users.setdefault(variable, []).append(f"{name[:-4]}:{key}")
+    for variable, secret in sorted(values.items()):
+        where = ", ".join(users.get(variable, [])) or "no service's environment (configs only)"
+        click.echo(f"  {variable}{'=' + secret if show else ''}: {where}")
+
+
+@cli.command()
+@click.option("-o", "--output", metavar="DIR")
 @click.pass_obj
 def build(state: _State, output):
     """Build the SIFs that are missing or whose definition changed (in parallel; C2S_BUILD_JOBS)."""
@@ -177,25 +273,16 @@ def build(state: _State, output):
 
 
 @cli.command()
-@click.option("-o", "--output", metavar="DIR")
+@_convert_options
 @click.option("-d", "--detach", is_flag=True, help="Start and return; restart policies run in the background.")
-@click.option("--registry-mirror", metavar="HOST")
-@click.option("--image-source", "image_sources", multiple=True, metavar="SERVICE=KIND:PATH")
-@click.option("--port-base", type=int)
-@click.option("--offline", is_flag=True)
-@click.option("--tls", is_flag=True)
-@click.option("--tls-cert", metavar="FILE")
-@click.option("--tls-key", metavar="FILE")
 @click.argument("services", nargs=-1)
 @click.pass_obj
-def up(state: _State, output, detach, registry_mirror, image_sources, port_base, offline, tls, tls_cert, tls_key,
-       services):
+def up(state: _State, detach, services, **choices):
     """Convert, build what is missing, and start the services in dependency order."""
     from compose2sif.runtime import detect, run_script
     if detect() is None:
         raise ComposeError("neither apptainer nor singularity is on PATH (try: module load apptainer)")
-    project = state.load()
-    _, out_dir = _convert(project, output, registry_mirror, image_sources, port_base, offline, tls, tls_cert, tls_key)
+    _, out_dir = _convert(state, **choices)
     rc = run_script(out_dir, ["build"])
     if rc != 0:
         sys.exit(rc)

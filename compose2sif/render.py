@@ -5,7 +5,7 @@ cluster and run ``./run.sh up`` there with nothing but bash and apptainer/singul
     sif/                      where `build` puts the SIFs
     env/<service>.env         the resolved environment, shell-quoted for --env-file, mode 0600
     config/<service>/...      rendered config files (nginx)
-    hosts.names               every service name, alias and host.docker.internal -> 127.0.0.1
+    hosts.names               every service's names -> its own loopback address; host.docker.internal
     hosts                     /etc/hosts for the instances as it would be on this machine
     run.sh                    the orchestrator
     plan.json                 every decision and warning, for people and tools
@@ -20,7 +20,7 @@ from typing import Dict, List
 
 import jinja2
 
-from compose2sif.plan import Plan, ServicePlan
+from compose2sif.plan import Plan, PortPlan, ServicePlan
 from compose2sif.plan.images import ImageSource
 
 
@@ -103,11 +103,30 @@ def _write(path: str, text: str, mode: int = 0o600) -> None:
     os.replace(tmp, path)
 
 
+def write_private(out_dir: str, name: str, text: str) -> None:
+    """A file only its owner may read (generated secrets)."""
+    _write(os.path.join(out_dir, name), text, 0o600)
+
+
 def _tmp_source(service: ServicePlan) -> str:
     for bind in service.binds:
         if bind.target == "/tmp":
             return bind.source
     return f"{service.name}-tmp-missing"
+
+
+def _endpoint(port: PortPlan, plan: Plan) -> str:
+    """ADDR:PORT the service listens on, for run.sh; suffixed `?` when it may never be opened (run.sh
+    then checks only that it is free, not that it listens)."""
+    return f"{port.address}:{port.host}" + ("" if _required(port, plan) else "?")
+
+
+def _required(port: PortPlan, plan: Plan) -> bool:
+    if hasattr(port, "required"):
+        return port.required
+    # a planner without `required`: nginx's 443 comes from its image profile, and nothing listens
+    # there unless --tls renders a TLS server
+    return not (port.how == "nginx" and port.container == 443 and not plan.tls)
 
 
 def render_runner(plan: Plan) -> str:
@@ -120,7 +139,7 @@ def render_runner(plan: Plan) -> str:
             binds.append({"spec": spec, "host": b.source, "create": b.create or b.kind in ("volume", "scratch", "tmpfs"),
                           "kind": b.kind})
         services.append({**s.__dict__, "fn": re.sub(r"[^A-Za-z0-9_]", "_", s.name), "binds": binds,
-                         "tmp": _tmp_source(s)})
+                         "tmp": _tmp_source(s), "endpoints": [_endpoint(p, plan) for p in s.ports]})
     header = env.get_template("run.sh.j2").render(project=plan.project, compose_files=plan.compose_files,
                                                   state_dir=plan.state_dir, services=services,
                                                   images=list(plan.images))
@@ -129,9 +148,8 @@ def render_runner(plan: Plan) -> str:
 
 
 def hosts_names(plan: Plan) -> str:
-    lines = ["127.0.0.1 " + " ".join(plan.host_names)]
-    lines += [f"{ip} {host}" for host, ip in plan.extra_hosts]
-    return "\n".join(lines) + "\n"
+    """Each service's names at its own address (the plan's hosts lines)."""
+    return "".join(f"{address} {' '.join(names)}\n" for address, names in plan.hosts if names)
 
 
 def _tls_files(plan: Plan, out_dir: str) -> None:

@@ -71,7 +71,7 @@ SERVICE_KEYS: Dict[str, KeySupport] = {
     "entrypoint": _h("replaces the image's ENTRYPOINT in the generated start script"),
     "env_file": _h("read with Docker Compose's rules and merged into the environment"),
     "environment": _h("written to a private env file passed with --env-file; instances use --cleanenv"),
-    "expose": _h("informational in Compose; recorded in the plan"),
+    "expose": _h("evidence of a port the service listens on, planned on its own address"),
     "extends": _h("resolved at load time, from the same or another file"),
     "external_links": _u("links to containers outside the project do not exist here; ignored"),
     "extra_hosts": _h("added to the generated hosts file bound as /etc/hosts"),
@@ -85,21 +85,24 @@ SERVICE_KEYS: Dict[str, KeySupport] = {
     "isolation": _u("Windows-only; ignored"),
     "label_file": _h("labels are recorded in the plan"),
     "labels": _h("recorded in the plan; no runtime effect"),
-    "links": _e("service names resolve to 127.0.0.1 through the hosts file; adds a dependency"),
+    "links": _e("service names resolve to the service's own loopback address through the hosts file; adds a "
+                "dependency"),
     "logging": _e("instance stdout/stderr go to Apptainer's per-instance log files"),
     "mac_address": _u("no network namespace of its own; ignored"),
     "mem_limit": _u(_NO_CGROUPS), "mem_reservation": _u(_NO_CGROUPS),
     "mem_swappiness": _u(_NO_CGROUPS), "memswap_limit": _u(_NO_CGROUPS),
     "models": _u("Docker Model Runner is not available; ignored"),
-    "network_mode": _e("every instance uses the host network; names map to 127.0.0.1 in the hosts file"),
-    "networks": _e("no network isolation without root: all services share the host network; "
-                   "aliases become host names for 127.0.0.1"),
+    "network_mode": _e("every instance uses the host network, each service on a loopback address of its own "
+                       "that its names map to in the hosts file"),
+    "networks": _e("no network isolation without root: all services share the host network, each on its own "
+                   "loopback address; aliases become host names for that address"),
     "oom_kill_disable": _u(_NO_CGROUPS), "oom_score_adj": _u("an unprivileged process can only raise it; ignored"),
     "pid": _e("instances share the host PID namespace, which covers `host`"),
     "pids_limit": _u(_NO_CGROUPS),
     "platform": _u("images are built for the node's own architecture; ignored"),
-    "ports": _h("container ports are remapped to free unprivileged host ports where needed and the "
-                "services and their clients are told; published ports bind on the host"),
+    "ports": _h("each service keeps its ports on its own loopback address; a port moves only where it must "
+                "(privileged, published on another port, or a clash with a service that listens on all "
+                "addresses), and the service and its clients are told; published ports bind on their host_ip"),
     "post_start": _u("lifecycle hooks are not run; ignored"),
     "pre_stop": _u("lifecycle hooks are not run; ignored"),
     "privileged": _u("an unprivileged user cannot run privileged instances; ignored"),

@@ -22,7 +22,7 @@ detect_runtime() {
     esac
     # With --no-eval (Apptainer >= 1.1) values and the image's CMD are taken literally, as Docker
     # does; without it the runtime evaluates them once more, so the escaped env files are used.
-    if "$RT" exec --help 2>/dev/null | grep -q -- '--no-eval'; then
+    if "$RT" exec --help 2>/dev/null | grep -- --no-eval >/dev/null; then  # not -q: with pipefail, a SIGPIPE would fail it
         EVAL_FLAGS=(--no-eval) ENV_SUFFIX=.env
     else
         EVAL_FLAGS=() ENV_SUFFIX=.eval.env
@@ -37,58 +37,249 @@ version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" = "$2" ]
 # ---- small helpers --------------------------------------------------------------------------
 abs() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$HERE/$1" ;; esac; }
 
+# The first line of a file, read without a child process ("" when there is none).
+first_line() { local line=""; { IFS= read -r line || true; } 2>/dev/null <"$1"; printf '%s' "$line"; }
+
+# Sleep without a child process: read's timeout on a FIFO that nobody writes to (opened
+# read-write, so the open does not block). Polling loops use this, so they cost no fork.
+nap() {
+    if [ -p "$RUNDIR/nap.fifo" ] || mkfifo -m 0600 "$RUNDIR/nap.fifo" 2>/dev/null; then
+        read -r -t "$1" _ <>"$RUNDIR/nap.fifo" || true
+    else
+        sleep "$1"
+    fi
+}
+
+
 status_file() { printf '%s' "$RUNDIR/$1.status"; }
 set_status() {
     printf '%s\n' "$2" >"$(status_file "$1").tmp" && mv -f "$(status_file "$1").tmp" "$(status_file "$1")"
     printf '%s %s\n' "$(date +%s.%N)" "${2%% *}" >>"$RUNDIR/$1.timeline"
 }
-get_status() { cat "$(status_file "$1")" 2>/dev/null || true; }
+get_status() { first_line "$(status_file "$1")"; }
 
-# The pid of a running instance, from `instance list --json NAME` (no jq on most nodes).
-instance_pid() {
-    "$RT" instance list --json "$1" 2>/dev/null | tr -d ' \t\n' |
-        sed -n "s/.*\"instance\":\"$1\",\"pid\":\([0-9]*\).*/\1/p"
+# The pids of the user's instances, from one `instance list --json` (no jq on most nodes).
+declare -A INSTANCE_PIDS=()
+INSTANCES_LISTED=0
+list_instances() {
+    local name pid
+    INSTANCE_PIDS=()
+    while read -r name pid; do
+        INSTANCE_PIDS[$name]=$pid
+    done < <({ "$RT" instance list --json 2>/dev/null | tr -d ' \t\n'; echo; } | sed 's/},{/}\n{/g' |
+        sed -n 's/.*"instance":"\([^"]*\)","pid":\([0-9]*\).*/\1 \2/p')
+    INSTANCES_LISTED=1
 }
 
-# The pid of a child of process $1 (the instance's init runs the start script, which runs the service).
+# The pid of this service's instance, in IPID: from the last listing when there is one, else
+# from a listing of its own.
+IPID=""
+instance_pid() {
+    if [ "$INSTANCES_LISTED" = 1 ]; then
+        IPID=${INSTANCE_PIDS[$S_INSTANCE]:-}
+    else
+        IPID=$("$RT" instance list --json "$S_INSTANCE" 2>/dev/null | tr -d ' \t\n' |
+            sed -n "s/.*\"instance\":\"$S_INSTANCE\",\"pid\":\([0-9]*\).*/\1/p")
+    fi
+}
+
+# After this service's instance started or stopped: its entry in the listing.
+refresh_instance() {
+    local listed=$INSTANCES_LISTED
+    INSTANCES_LISTED=0
+    instance_pid
+    INSTANCES_LISTED=$listed
+    if [ -n "$IPID" ]; then INSTANCE_PIDS[$S_INSTANCE]=$IPID; else unset "INSTANCE_PIDS[$S_INSTANCE]"; fi
+}
+
+# A live child of process $1, in CHILD: the instance's init runs the start script, which runs
+# the service. Where the kernel lists a process's children (/proc/PID/task/*/children) that is
+# read. Elsewhere one scan of /proc/*/stat with builtin reads (no fork) finds the children of
+# every listed instance at once; an answer is kept while that child lives.
+CHILD=""
+declare -A CHILD_OF=()
 child_of() {
-    local stat rest fields
-    for stat in /proc/[0-9]*/stat; do
-        rest=$(cat "$stat" 2>/dev/null) || continue
-        read -r -a fields <<<"${rest##*) }"   # after "(comm) ": state ppid ...
-        if [ "${fields[1]}" = "$1" ]; then
-            stat=${stat#/proc/}
-            echo "${stat%/stat}"
-            return 0
-        fi
+    local f stat line rest ppid pid
+    CHILD=${CHILD_OF[$1]:-}
+    if [ -n "$CHILD" ] && parent_of "$CHILD" && [ "$PARENT" = "$1" ]; then return 0; fi
+    CHILD=""
+    unset "CHILD_OF[$1]"
+    if [ -e "/proc/$1/task/$1/children" ]; then
+        for f in /proc/"$1"/task/*/children; do
+            { read -r CHILD _ || true; } 2>/dev/null <"$f"
+            [ -n "$CHILD" ] && break
+        done
+    else
+        declare -A want=([$1]=1)
+        for pid in "${INSTANCE_PIDS[@]}"; do want[$pid]=1; done
+        for stat in /proc/[0-9]*/stat; do
+            { read -r line || true; } 2>/dev/null <"$stat" || continue
+            rest=${line##*) }   # after "(comm) ": state ppid ...
+            [ "${rest%% *}" = Z ] && continue
+            rest=${rest#* }
+            ppid=${rest%% *}
+            [ -n "${want[$ppid]:-}" ] || continue
+            pid=${stat#/proc/}
+            CHILD_OF[$ppid]=${pid%/stat}
+        done
+        CHILD=${CHILD_OF[$1]:-}
+    fi
+    [ -n "$CHILD" ] || return 1
+    CHILD_OF[$1]=$CHILD
+}
+
+# The parent of live (not zombie) process $1, in PARENT.
+PARENT=""
+parent_of() {
+    local line="" rest
+    PARENT=""
+    { read -r line || true; } 2>/dev/null <"/proc/$1/stat"
+    rest=${line##*) }
+    [ -n "$line" ] && [ "${rest%% *}" != Z ] || return 1
+    rest=${rest#* }
+    PARENT=${rest%% *}
+}
+
+# running: the instance exists and its start script still runs; exited: the instance exists
+# but the service ended (or was killed); absent: no instance. In STATE_NOW.
+STATE_NOW=""
+service_state() {
+    instance_pid
+    if [ -z "$IPID" ]; then
+        STATE_NOW=absent
+    elif kill -0 "$IPID" 2>/dev/null && child_of "$IPID"; then
+        STATE_NOW=running
+    else
+        STATE_NOW=exited
+    fi
+}
+service_running() { service_state; [ "$STATE_NOW" = running ]; }
+
+exit_code() { first_line "$(tmp_dir)/.c2s-exit"; }
+tmp_dir() { printf '%s' "$(abs "$S_TMP")"; }
+
+# ---- endpoints: ADDR:PORT a service listens on ----------------------------------------------
+# The TCP sockets that LISTEN on the endpoints given as arguments: one line "ENDPOINT UID INODE"
+# for each endpoint that has one. A listener matches when its port is the endpoint's and its
+# address is the same or either one is a wildcard (0.0.0.0 or ::): that is when a bind clashes,
+# and when a client of the endpoint reaches the listener. /proc/net/tcp{,6} hold addresses as
+# 32-bit words in the host's byte order (little-endian here).
+endpoint_listeners() {
+    [ $# -gt 0 ] || return 0
+    awk -v endpoints="$*" '
+        function hex(s,    i, v) { v = 0; for (i = 1; i <= length(s); i++) v = v * 16 + index("0123456789ABCDEF", substr(s, i, 1)) - 1; return v }
+        function v4(s) { return hex(substr(s, 7, 2)) "." hex(substr(s, 5, 2)) "." hex(substr(s, 3, 2)) "." hex(substr(s, 1, 2)) }
+        function address(s) {
+            if (length(s) == 8) return v4(s)
+            if (s == "00000000000000000000000000000000") return "::"
+            if (substr(s, 1, 16) == "0000000000000000" && substr(s, 17, 8) == "FFFF0000") return v4(substr(s, 25, 8))
+            return "v6:" s
+        }
+        function wild(a) { return a == "0.0.0.0" || a == "::" }
+        BEGIN { n = split(endpoints, want, " ") }
+        $4 == "0A" {
+            split($2, parts, ":"); a = address(parts[1]); p = hex(parts[2])
+            for (i = 1; i <= n; i++) {
+                ep = want[i]; k = match(ep, /:[0-9]+$/); wa = substr(ep, 1, k - 1); wp = substr(ep, k + 1) + 0
+                if (wp == p && !(ep in seen) && (wa == a || wild(wa) || wild(a))) { seen[ep] = 1; print ep, $8, $10 }
+            }
+        }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+# The required endpoints of this service (the others may never be opened).
+required_endpoints() {
+    local e
+    for e in "${S_ENDPOINTS[@]}"; do [ "${e%\?}" = "$e" ] && printf '%s\n' "$e"; done
+}
+
+# True when process $1 is one of this project's instances or runs inside one.
+in_project() {
+    local pid=$1 name i
+    declare -A ours=()
+    for name in "${SERVICES[@]}"; do
+        load_service "$name"
+        [ -n "${INSTANCE_PIDS[$S_INSTANCE]:-}" ] && ours[${INSTANCE_PIDS[$S_INSTANCE]}]=1
+    done
+    for ((i = 0; i < 64 && pid > 1; i++)); do
+        [ -n "${ours[$pid]:-}" ] && return 0
+        parent_of "$pid" || return 1
+        pid=$PARENT
     done
     return 1
 }
 
-has_children() { child_of "$1" >/dev/null; }
-
-# running: the instance exists and its start script still runs; exited: the instance exists
-# but the service ended (or was killed); absent: no instance.
-service_state() {
-    local pid
-    pid=$(instance_pid "$S_INSTANCE")
-    if [ -z "$pid" ]; then
-        echo absent
-    elif kill -0 "$pid" 2>/dev/null && has_children "$pid"; then
-        echo running
-    else
-        echo exited
-    fi
+# Who holds socket $2 of uid $1, in HOLDER: the user, and the process where /proc shows it (an
+# unprivileged user reads only the descriptors of its own processes); its pid in HOLDER_PID.
+HOLDER="" HOLDER_PID=""
+describe_holder() {
+    local user fd
+    user=$(id -nu "$1" 2>/dev/null) || user="uid $1"
+    HOLDER="a process of user $user" HOLDER_PID=""
+    fd=$(find /proc/[0-9]*/fd -maxdepth 1 -lname "socket:\[$2\]" -print -quit 2>/dev/null)
+    [ -n "$fd" ] || return 0
+    HOLDER_PID=${fd#/proc/}
+    HOLDER_PID=${HOLDER_PID%%/*}
+    HOLDER="pid $HOLDER_PID ($(tr '\0' ' ' <"/proc/$HOLDER_PID/cmdline" 2>/dev/null | cut -c1-80 | sed 's/ *$//')) of user $user"
 }
 
-exit_code() { cat "$(tmp_dir)/.c2s-exit" 2>/dev/null || true; }
-tmp_dir() { printf '%s' "$(abs "$S_TMP")"; }
+# The endpoints of the given services that something other than this project listens on, one
+# line each ("ADDR:PORT (service NAME) is held by ..."). Services that already run are skipped.
+endpoints_taken() {
+    local name e uid inode endpoints=()
+    declare -A owner=()
+    for name in "$@"; do
+        load_service "$name"
+        [ "$S_ONESHOT" = 1 ] && continue
+        service_running && continue
+        for e in "${S_ENDPOINTS[@]}"; do owner[${e%\?}]=$name endpoints+=("${e%\?}"); done
+    done
+    while read -r e uid inode; do
+        describe_holder "$uid" "$inode"
+        [ -n "$HOLDER_PID" ] && in_project "$HOLDER_PID" && continue
+        printf '%s (service %s) is held by %s\n' "$e" "${owner[$e]}" "$HOLDER"
+    done < <(endpoint_listeners "${endpoints[@]}")
+}
 
-port_listening() {
-    local hex
-    hex=$(printf '%04X' "$1")
-    awk -v p="$hex" '$4 == "0A" { n = split($2, a, ":"); if (a[n] == p) found = 1 } END { exit !found }' \
-        /proc/net/tcp /proc/net/tcp6 2>/dev/null
+# Wait until each required endpoint of this service listens, while it runs, for up to $1 s.
+# Prints why not when it fails.
+wait_listening() {
+    local deadline=$((SECONDS + $1)) missing=() still=() e heard
+    mapfile -t missing < <(required_endpoints)
+    while [ ${#missing[@]} -gt 0 ]; do
+        heard=$'\n'$(endpoint_listeners "${missing[@]}")$'\n'
+        still=()
+        for e in "${missing[@]}"; do
+            case "$heard" in *$'\n'"$e "*) ;; *) still+=("$e") ;; esac
+        done
+        missing=("${still[@]}")
+        [ ${#missing[@]} -eq 0 ] && return 0
+        if ! service_running; then
+            echo "exited before it listened on ${missing[*]} (exit code $(exit_code))"
+            return 1
+        fi
+        if ((SECONDS >= deadline)); then
+            echo "does not listen on ${missing[*]} $1 s after it started"
+            return 1
+        fi
+        nap 0.05
+    done
+    return 0
+}
+
+# For a log that says "Address already in use" (or nginx's "bind() ... failed (98"): which of
+# the service's endpoints, or of the ADDR:PORT the error lines name, is taken, and by whom.
+explain_address_in_use() {
+    local e uid inode found=0 lines endpoints=()
+    lines=$(log_tail 50 | grep -E 'Address already in use|bind\(\).*failed \(98') || return 0
+    for e in "${S_ENDPOINTS[@]}"; do endpoints+=("${e%\?}"); done
+    mapfile -t -O ${#endpoints[@]} endpoints < <(grep -oE '([0-9]{1,3}\.){3}[0-9]{1,3}:[0-9]+' <<<"$lines")
+    while read -r e uid inode; do
+        found=1
+        describe_holder "$uid" "$inode"
+        echo "run.sh: service $S_NAME could not listen on $e: held by $HOLDER"
+    done < <(endpoint_listeners "${endpoints[@]}")
+    [ "$found" = 1 ] ||
+        echo "run.sh: service $S_NAME found an address in use (its endpoints: ${endpoints[*]:-none known}; none is held now)"
 }
 
 log_paths() {
@@ -210,7 +401,8 @@ wait_dependencies() {
     for dep in "${S_DEPENDS[@]}"; do
         name=${dep%%:*} cond=${dep#*:}
         while :; do
-            st=$(get_status "$name")
+            st=""
+            { IFS= read -r st || true; } 2>/dev/null <"$RUNDIR/$name.status"
             case "$cond:$st" in
                 service_started:started | service_started:healthy | service_started:completed\ 0) break ;;
                 service_healthy:healthy) break ;;
@@ -220,7 +412,7 @@ wait_dependencies() {
                     return 1
                     ;;
             esac
-            sleep 0.3
+            nap 0.05
         done
     done
 }
@@ -237,19 +429,45 @@ health_once() {
     timeout -k 2 "$S_HEALTH_TIMEOUT" "$RT" exec "${flags[@]}" "instance://$S_INSTANCE" "${cmd[@]}" >/dev/null 2>&1
 }
 
+# The last probe's result, for `ps`: "TIME INSTANCE-PID healthy|unhealthy".
+record_health() {
+    local t
+    printf -v t '%(%s)T' -1
+    printf '%s %s %s\n' "$t" "$IPID" "$1" >"$RUNDIR/$S_NAME.health" 2>/dev/null || true
+}
+
+# The recorded result, in HEALTH_NOW, while it is younger than the probe interval and is this
+# instance's (as Compose reports the last probe's result).
+recorded_health() {
+    local t pid result age
+    HEALTH_NOW=""
+    { read -r t pid result || true; } 2>/dev/null <"$RUNDIR/$S_NAME.health"
+    [ -n "$result" ] && [ "$pid" = "$IPID" ] || return 1
+    printf -v age '%(%s)T' -1
+    age=$((age - t))
+    ((age >= 0 && age < ${S_HEALTH_INTERVAL%.*})) || return 1
+    HEALTH_NOW=$result
+}
+
 # Compose's healthcheck schedule: during start_period, probes every start_interval and failures do
-# not count; after it, `retries` consecutive failures make the service unhealthy.
+# not count; after it, `retries` consecutive failures make the service unhealthy. A probe cannot
+# answer before the service listens, so the first one comes as soon as its required endpoints
+# listen (within the time Compose gives it: the start period, then `retries` intervals).
 wait_healthy() {
-    local started=$SECONDS failures=0 period=${S_HEALTH_START_PERIOD%.*}
-    sleep 1
+    local started=$SECONDS failures=0 period=${S_HEALTH_START_PERIOD%.*} window reason
+    window=$((period + S_HEALTH_RETRIES * (${S_HEALTH_INTERVAL%.*} + ${S_HEALTH_TIMEOUT%.*})))
+    reason=$(wait_listening "$window") || { echo "$reason"; return 1; }
     while :; do
-        if [ "$(service_state)" != running ]; then
+        if ! service_running; then
             echo "exited while its healthcheck was pending (exit code $(exit_code))"
             return 1
         fi
-        health_once && return 0
+        if health_once; then
+            record_health healthy
+            return 0
+        fi
         if ((SECONDS - started < period)); then
-            sleep "$S_HEALTH_START_INTERVAL"
+            nap "$S_HEALTH_START_INTERVAL"
             continue
         fi
         failures=$((failures + 1))
@@ -257,30 +475,34 @@ wait_healthy() {
             echo "unhealthy: $S_HEALTH_RETRIES consecutive healthcheck failures"
             return 1
         fi
-        sleep "$S_HEALTH_INTERVAL"
+        nap "$S_HEALTH_INTERVAL"
     done
 }
 
 start_service() {
-    local name=$1 reason st p
+    local name=$1 reason held i
     load_service "$name"
     if ! reason=$(wait_dependencies); then
         set_status "$name" "failed $reason"
         return 1
     fi
     set_status "$name" starting
-    st=$(service_state)
-    if [ "$st" = running ]; then
+    service_state
+    if [ "$STATE_NOW" = running ]; then
         note "$name: already running"
     else
-        [ "$st" = exited ] && "$RT" instance stop "$S_INSTANCE" >/dev/null 2>&1
+        if [ "$STATE_NOW" = exited ]; then
+            remove_instance
+            wait_ended "$STARTER"
+        fi
         [ -f "$S_SIF" ] || { set_status "$name" "failed image $S_SIF is missing (run: ./run.sh build)"; return 1; }
-        for p in "${S_PORTS[@]}"; do
-            if port_listening "$p"; then
-                set_status "$name" "failed port $p is already in use on this node (convert again here to re-plan)"
+        if [ "$S_ONESHOT" = 0 ]; then
+            held=$(endpoints_taken "$name")
+            if [ -n "$held" ]; then
+                set_status "$name" "failed endpoint ${held%%$'\n'*} (convert again here to re-plan)"
                 return 1
             fi
-        done
+        fi
         prepare_dirs
         clear_logs
         rm -f "$RUNDIR/$name.stopped"
@@ -298,13 +520,15 @@ start_service() {
             set_status "$name" "failed instance start: $(grep -v '^INFO' "$STATE/logs/$name.start.log" | head -n 2 | tr '\n' ' ')"
             return 1
         fi
-        sleep 0.5
-        if [ "$(service_state)" != running ]; then
-            sleep 1
-            if [ "$(service_state)" != running ]; then
-                set_status "$name" "failed exited right after start (exit code $(exit_code))"
-                return 1
-            fi
+        refresh_instance
+        # the start script runs as soon as the instance is up: a moment for it to show
+        for ((i = 0; i < 20; i++)); do
+            service_running && break
+            nap 0.05
+        done
+        if ! service_running; then
+            set_status "$name" "failed exited right after start (exit code $(exit_code))"
+            return 1
         fi
     fi
     set_status "$name" started
@@ -315,6 +539,9 @@ start_service() {
         fi
         set_status "$name" healthy
         note "$name: healthy"
+    elif ! reason=$(wait_listening "${C2S_LISTEN_TIMEOUT:-60}"); then
+        set_status "$name" "failed $reason"
+        return 1
     fi
     return 0
 }
@@ -340,7 +567,7 @@ closure() {
 }
 
 cmd_up() {
-    local detach=0 names=() name failed=0 pids=() st
+    local detach=0 names=() name failed=0 pids=() st held
     while [ $# -gt 0 ]; do
         case "$1" in
             -d | --detach) detach=1 ;;
@@ -356,6 +583,14 @@ cmd_up() {
     mapfile -t names < <(closure "${names[@]}")
     for name in "${names[@]}"; do rm -f "$(status_file "$name")" "$RUNDIR/$name.timeline"; done
     assign_gpus "${names[@]}"
+    list_instances
+    # nothing starts while an endpoint of a service to start is taken on this node
+    held=$(endpoints_taken "${names[@]}")
+    if [ -n "$held" ]; then
+        while IFS= read -r st; do echo "run.sh: up: endpoint $st" >&2; done <<<"$held"
+        echo "run.sh: up: nothing was started; stop what holds it, or convert again here to re-plan" >&2
+        return 1
+    fi
     for name in "${names[@]}"; do
         start_service "$name" &
         pids+=($!)
@@ -363,7 +598,7 @@ cmd_up() {
     local pid
     for pid in "${pids[@]}"; do wait "$pid" || true; done
     for name in "${names[@]}"; do
-        case "$(get_status "$name")" in failed*) sleep 1; break ;; esac  # let the runtime flush the logs
+        case "$(get_status "$name")" in failed*) nap 1; break ;; esac  # let the runtime flush the logs
     done
     for name in "${names[@]}"; do
         st=$(get_status "$name")
@@ -374,7 +609,12 @@ cmd_up() {
                 echo "run.sh: service $name failed: ${st#failed }" >&2
                 case "$st" in
                     *dependency*) ;;
-                    *) echo "--- last 20 log lines of $name ---" >&2; log_tail 20 >&2; echo "---" >&2 ;;
+                    *)
+                        echo "--- last 20 log lines of $name ---" >&2
+                        log_tail 20 >&2
+                        echo "---" >&2
+                        explain_address_in_use >&2
+                        ;;
                 esac
                 ;;
         esac
@@ -405,20 +645,30 @@ needs_supervisor() {
 }
 
 # Restart policies: always / unless-stopped restart an ended service; on-failure[:N] restarts it
-# when it exited with a non-zero code, at most N times.
+# when it exited with a non-zero code, at most N times. A cycle costs no fork while every
+# instance lives: the runtime is asked again only when one has gone.
 supervise() {
     declare -A attempts=()
-    local name rc max
+    local name rc max pid relist
     while :; do
         # a background supervisor that another `up` or `down` replaced ends here
-        if [ -n "${SUPERVISOR_PID_FILE:-}" ] && [ "$(cat "$SUPERVISOR_PID_FILE" 2>/dev/null)" != "$BASHPID" ]; then
-            return 0
+        if [ -n "${SUPERVISOR_PID_FILE:-}" ]; then
+            pid=""
+            { read -r pid || true; } 2>/dev/null <"$SUPERVISOR_PID_FILE"
+            [ "$pid" = "$BASHPID" ] || return 0
         fi
+        relist=$((1 - INSTANCES_LISTED))
+        while read -r name; do
+            load_service "$name"
+            pid=${INSTANCE_PIDS[$S_INSTANCE]:-}
+            { [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; } || relist=1
+        done <"$RUNDIR/supervised"
+        [ "$relist" = 1 ] && list_instances
         while read -r name; do
             load_service "$name"
             [ "$S_ONESHOT" = 1 ] && continue
             [ -f "$RUNDIR/$name.stopped" ] && continue
-            [ "$(service_state)" = running ] && continue
+            service_running && continue
             rc=$(exit_code)
             case "$S_RESTART" in
                 always | unless-stopped) ;;
@@ -435,8 +685,7 @@ supervise() {
             S_DEPENDS=()
             start_service "$name" || note "$name: restart failed: $(get_status "$name")"
         done <"$RUNDIR/supervised"
-        sleep 3 &
-        wait $! || true
+        nap 3
     done
 }
 
@@ -444,60 +693,122 @@ cmd_supervise() {
     detect_runtime
     trap 'exit 0' TERM INT
     SUPERVISOR_PID_FILE="$RUNDIR/supervisor.pid"
-    local i
+    local i pid
     for ((i = 0; i < 50; i++)); do  # `up` writes our pid just after starting us
-        [ "$(cat "$SUPERVISOR_PID_FILE" 2>/dev/null)" = "$BASHPID" ] && break
-        sleep 0.1
+        pid=""
+        { read -r pid || true; } 2>/dev/null <"$SUPERVISOR_PID_FILE"
+        [ "$pid" = "$BASHPID" ] && break
+        nap 0.1
     done
     supervise
 }
 
-# Compose's stop: the stop signal to the service, up to stop_grace_period to end, then the instance
-# goes (killing what is left). The signal goes to the start script, which passes it on: the
-# instance's init does not forward `instance stop`'s signal to it.
+# This service's instance (pid IPID) goes, with whatever still runs in it: the runtime signals
+# its init and, with -t 0, returns at once (else it waits its full timeout whenever the stopped
+# starter lingers as a zombie). The starter's pid, in STARTER, is for wait_ended.
+STARTER=""
+remove_instance() {
+    STARTER=""
+    parent_of "$IPID" && STARTER=$PARENT
+    "$RT" instance stop -t 0 "$S_INSTANCE" >/dev/null 2>&1 || true
+}
+
+# Wait until the given processes have ended (gone, or zombies), up to 10 s.
+wait_ended() {
+    local pid i
+    for pid in "$@"; do
+        for ((i = 0; i < 200; i++)); do
+            parent_of "$pid" || break
+            nap 0.05
+        done
+    done
+}
+
+# Compose's stop for one service: the stop signal to it, up to stop_grace_period to end, then the
+# instance goes (killing what is left). The signal goes to the start script, which passes it on:
+# the instance's init does not forward `instance stop`'s signal to it.
 stop_service() {
-    local name=$1 pid script waited=0
+    local name=$1 waited=0
     load_service "$name"
     touch "$RUNDIR/$name.stopped"
-    pid=$(instance_pid "$S_INSTANCE")
-    if [ -n "$pid" ]; then
+    instance_pid
+    if [ -n "$IPID" ]; then
         note "$name: stopping $S_INSTANCE"
-        if script=$(child_of "$pid") && kill -s "${S_STOP_SIGNAL#SIG}" "$script" 2>/dev/null; then
-            while kill -0 "$script" 2>/dev/null && ((waited < S_STOP_GRACE * 5)); do
-                sleep 0.2
+        if child_of "$IPID" && kill -s "${S_STOP_SIGNAL#SIG}" "$CHILD" 2>/dev/null; then
+            while kill -0 "$CHILD" 2>/dev/null && ((waited < S_STOP_GRACE * 20)); do
+                nap 0.05
                 waited=$((waited + 1))
             done
         fi
-        "$RT" instance stop -t 1 "$S_INSTANCE" >/dev/null 2>&1 ||
-            "$RT" instance stop -F "$S_INSTANCE" >/dev/null 2>&1 || true
+        remove_instance
+        wait_ended "$STARTER"
     fi
     rm -f "$(status_file "$name")"
 }
 
+# The background supervisor and whatever it runs (a restart in progress): its process group
+# (setsid made it a group leader), once it is sure to be ours.
 stop_supervisor() {
-    if [ -f "$RUNDIR/supervisor.pid" ]; then
-        kill "$(cat "$RUNDIR/supervisor.pid")" 2>/dev/null || true
-        rm -f "$RUNDIR/supervisor.pid"
-    fi
+    local pid="" i
+    { read -r pid || true; } 2>/dev/null <"$RUNDIR/supervisor.pid"
+    rm -f "$RUNDIR/supervisor.pid"
+    [ -n "$pid" ] && grep -qa -- _supervise "/proc/$pid/cmdline" 2>/dev/null || return 0
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || return 0
+    for ((i = 0; i < 40; i++)); do
+        parent_of "$pid" || return 0  # gone, or a zombie
+        nap 0.05
+    done
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
 }
 
+# Compose's down, in reverse start order: the stop signal to every service of a level at once,
+# up to each one's stop_grace_period for them to end, then their instances go and the next level
+# starts while the runtime tears those down. Everything has ended when `down` returns.
 cmd_down() {
-    local volumes=0 i pid
+    local volumes=0 level i t name alive outlived scripts=() graces=() names=() starters=()
     [ "${1:-}" = -v ] || [ "${1:-}" = --volumes ] && volumes=1
     detect_runtime
     mkdir -p "$RUNDIR"
     stop_supervisor
-    # reverse start order, one level at a time, the services of a level in parallel
-    local level pids=()
+    list_instances
     for ((level = MAX_LEVEL; level >= 0; level--)); do
-        pids=()
+        scripts=() graces=() names=() outlived=0
         for ((i = ${#SERVICES[@]} - 1; i >= 0; i--)); do
             [ "${LEVELS[i]}" = "$level" ] || continue
-            stop_service "${SERVICES[i]}" &
-            pids+=($!)
+            name=${SERVICES[i]}
+            load_service "$name"
+            touch "$RUNDIR/$name.stopped"
+            instance_pid
+            if [ -z "$IPID" ]; then
+                rm -f "$(status_file "$name")"
+                continue
+            fi
+            note "$name: stopping $S_INSTANCE"
+            names+=("$name")
+            if child_of "$IPID" && kill -s "${S_STOP_SIGNAL#SIG}" "$CHILD" 2>/dev/null; then
+                scripts+=("$CHILD") graces+=($((S_STOP_GRACE * 20)))
+            fi
         done
-        for pid in "${pids[@]}"; do wait "$pid"; done
+        for ((t = 0; ; t++)); do  # in steps of 0.05 s
+            alive=0
+            for i in "${!scripts[@]}"; do
+                ((t < graces[i])) && kill -0 "${scripts[i]}" 2>/dev/null && alive=1
+            done
+            [ "$alive" = 0 ] && break
+            nap 0.05
+        done
+        for i in "${!scripts[@]}"; do kill -0 "${scripts[i]}" 2>/dev/null && outlived=1; done
+        for name in "${names[@]}"; do
+            load_service "$name"
+            instance_pid
+            remove_instance
+            starters+=("$STARTER")
+            rm -f "$(status_file "$name")"
+        done
+        # a service that outlived its grace period is gone before the next level gets its signal
+        [ "$outlived" = 1 ] && wait_ended "${starters[@]}"
     done
+    wait_ended "${starters[@]}"
     if [ "$volumes" = 1 ]; then
         note "removing volumes in $STATE/volumes"
         rm -rf "$STATE/volumes"
@@ -505,18 +816,30 @@ cmd_down() {
 }
 
 cmd_ps() {
-    local json=0 name st health rc first=1 ports
+    local json=0 name st health rc first=1 ports endpoints quoted e pid probes=()
     [ "${1:-}" = --format ] && [ "${2:-}" = json ] && json=1
     detect_runtime
+    mkdir -p "$RUNDIR"
+    list_instances
+    # health: the last recorded result while it is fresh, else a probe; the probes in parallel
+    for name in "${SERVICES[@]}"; do
+        load_service "$name"
+        { [ ${#S_HEALTH[@]} -gt 0 ] && service_running && ! recorded_health; } || continue
+        { if health_once; then record_health healthy; else record_health unhealthy; fi; } &
+        probes+=($!)
+    done
+    for pid in "${probes[@]}"; do wait "$pid"; done
     [ "$json" = 1 ] && printf '['
     [ "$json" = 0 ] && printf '%-20s %-28s %-10s %-10s %s\n' SERVICE INSTANCE STATE HEALTH PORTS
     for name in "${SERVICES[@]}"; do
         load_service "$name"
-        st=$(service_state)
-        rc=$(exit_code)
+        service_state
+        st=$STATE_NOW
+        rc=""
+        [ "$st" = running ] || rc=$(exit_code)
         health=none
         if [ ${#S_HEALTH[@]} -gt 0 ] && [ "$st" = running ]; then
-            if health_once; then health=healthy; else health=unhealthy; fi
+            if recorded_health; then health=$HEALTH_NOW; else health=starting; fi
         fi
         if [ "$S_ONESHOT" = 1 ]; then
             case "$(get_status "$name")" in
@@ -530,15 +853,21 @@ cmd_ps() {
                 *) st=stopped ;;
             esac
         fi
-        ports=$(IFS=,; echo "${S_PORTS[*]}")
+        ports="" endpoints="" quoted=""
+        for e in "${S_ENDPOINTS[@]}"; do
+            e=${e%\?}
+            ports+=${ports:+,}${e##*:}
+            endpoints+=${endpoints:+,}$e
+            quoted+=${quoted:+,}\"$e\"
+        done
         if [ "$json" = 1 ]; then
             [ "$first" = 1 ] || printf ','
             first=0
-            printf '{"service":"%s","instance":"%s","state":"%s","exit_code":%s,"health":"%s","ports":[%s]}' \
-                "$name" "$S_INSTANCE" "$st" "${rc:-null}" "$health" "$ports"
+            printf '{"service":"%s","instance":"%s","state":"%s","exit_code":%s,"health":"%s","ports":[%s],"endpoints":[%s]}' \
+                "$name" "$S_INSTANCE" "$st" "${rc:-null}" "$health" "$ports" "$quoted"
         else
             [ "$st" = exited ] && st="exited($rc)"
-            printf '%-20s %-28s %-10s %-10s %s\n' "$name" "$S_INSTANCE" "$st" "$health" "$ports"
+            printf '%-20s %-28s %-10s %-10s %s\n' "$name" "$S_INSTANCE" "$st" "$health" "$endpoints"
         fi
     done
     [ "$json" = 1 ] && printf ']\n'
@@ -571,7 +900,7 @@ cmd_exec() {
     detect_runtime
     load_service "$1"
     shift
-    [ "$(service_state)" = running ] || die "$S_NAME is not running"
+    service_running || die "$S_NAME is not running"
     local flags=(--cleanenv "${EVAL_FLAGS[@]}" --env-file "$(env_file)")
     [ -n "$S_WORKDIR" ] && flags+=(--pwd "$S_WORKDIR")
     exec "$RT" exec "${flags[@]}" "instance://$S_INSTANCE" "$@"

@@ -1,13 +1,18 @@
-"""The planner: port remapping, reference rewriting, binds, levels, GPUs, warnings."""
+"""The planner: own loopback addresses, evidence of ports, moves only where needed, clashes refused,
+reference rewriting, binds, levels, GPUs, warnings."""
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from compose2sif.adapters import repository
+from compose2sif.errors import ComposeError
 from compose2sif.load import ProjectOptions, load_project
 from compose2sif.plan import PlanOptions, build_plan
-from compose2sif.plan.ports import PortRequest, allocate, default_base
-from compose2sif.plan.knowledge import Setter, repository
+from compose2sif.plan.network import (default_address_block, default_port_base, free_address_block, overlaps,
+                                      parse_address_block)
+
+BLOCK = "127.45.3"
 
 
 def plan_for(tmp_path, compose, busy=(), base=30000, files=None, **kw):
@@ -17,115 +22,153 @@ def plan_for(tmp_path, compose, busy=(), base=30000, files=None, **kw):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(content))
     project = load_project(ProjectOptions(cwd=str(tmp_path), environ={"HOME": "/home/u"}))
-    return build_plan(project, PlanOptions(port_base=base, busy_ports=set(busy), **kw))
+    return build_plan(project, PlanOptions(port_base=base, address_block=BLOCK, busy=set(busy), **kw))
 
 
 def port(plan, service, container):
     return next(p for p in plan.service(service).ports if p.container == container)
 
 
-def test_two_services_on_one_port_and_a_privileged_port_are_moved(tmp_path):
-    plan = plan_for(tmp_path, """
-        services:
-          api: {image: redis:7}
-          worker: {image: redis:7, command: redis-server --appendonly yes}
-          web: {image: nginx, ports: ["8080:80"]}
-    """)
-    api, worker = port(plan, "api", 6379), port(plan, "worker", 6379)
-    assert api.host != worker.host and {api.host, worker.host} <= set(range(30000, 30100))
-    assert "--port" in plan.service("worker").launch and str(worker.host) in plan.service("worker").launch
-    assert plan.service("worker").launch[:4] == ["/.singularity.d/runscript", "redis-server", "--appendonly", "yes"]
-    web = port(plan, "web", 80)
-    assert web.host == 8080 and web.published and web.address == "0.0.0.0"
+def hosts(plan):
+    return {name: address for address, names in plan.hosts for name in names}
 
 
-def test_published_privileged_port_moves_with_a_warning(tmp_path):
-    plan = plan_for(tmp_path, """
-        services:
-          web: {image: nginx, ports: ["80:80"]}
-    """)
-    assert port(plan, "web", 80).host == 30000
-    assert any("published port 80 is privileged" in w for w in plan.warnings)
-
-
-def test_busy_ports_are_skipped(tmp_path):
-    plan = plan_for(tmp_path, """
-        services:
-          db: {image: postgres:16}
-          cache: {image: redis:7, ports: ["6380:6379"]}
-    """, busy={30000, 30001, 6380})
-    assert port(plan, "cache", 6379).host == 30002  # services in name order take the free ports
-    assert port(plan, "db", 5432).host == 30003
-    assert any("published port 6380 is taken" in w for w in plan.warnings)
-
-
-def test_allocation_is_deterministic_and_per_user(tmp_path):
-    requests = [PortRequest("b", 80, None, None, Setter("env", "P")), PortRequest("a", 80, None, None, Setter("env", "P"))]
-    first = allocate(list(requests), 30000, set(), [])
-    second = allocate(list(reversed(requests)), 30000, set(), [])
-    assert first == second and first[("a", 80)].host == 30000
-    assert default_base("proj", uid=1000) != default_base("proj", uid=1001)
-    assert default_base("proj", uid=1000) != default_base("other", uid=1000)
-    assert default_base("proj", uid=1000) == default_base("proj", uid=1000)
-
-
-def test_references_inside_urls_with_credentials_are_rewritten(tmp_path):
-    plan = plan_for(tmp_path, """
-        services:
-          redis: {image: redis:6-alpine}
-          db: {image: postgres:15-alpine, environment: {POSTGRES_PASSWORD: x}}
-          api:
-            image: langgenius/dify-api:1.17.1
-            environment:
-              CELERY_BROKER_URL: redis://:difyai123456@redis:6379/1
-              DATABASE: postgresql://user:p%40ss@db:5432/dify?sslmode=disable
-              DB_HOST: db
-              DB_PORT: "5432"
-              REDIS_HOST: redis
-              REDIS_PORT: 6379
-              OTHER_PORT: "6379"
-              NOT_A_SERVICE: http://example.org:6379
-              PREFIX_MATCH: http://myredis:6379
-            command: ["--broker", "redis://redis:6379/2"]
-    """)
-    redis, db = port(plan, "redis", 6379).host, port(plan, "db", 5432).host
-    env = plan.service("api").environment
-    assert env["CELERY_BROKER_URL"] == f"redis://:difyai123456@redis:{redis}/1"
-    assert env["DATABASE"] == f"postgresql://user:p%40ss@db:{db}/dify?sslmode=disable"
-    assert env["DB_PORT"] == str(db) and env["REDIS_PORT"] == str(redis)
-    assert env["OTHER_PORT"] == "6379"
-    assert env["NOT_A_SERVICE"] == "http://example.org:6379"
-    assert env["PREFIX_MATCH"] == "http://myredis:6379"
-    assert plan.service("api").launch[-1] == f"redis://redis:{redis}/2"
-    assert env["DIFY_PORT"] == str(port(plan, "api", 5001).host) and env["DIFY_BIND_ADDRESS"] == "127.0.0.1"
-
-
-def test_own_healthcheck_follows_its_port(tmp_path):
+def test_every_service_keeps_its_ports_on_its_own_address(tmp_path):
     plan = plan_for(tmp_path, """
         services:
           api:
             image: example/api
             command: uvicorn app:app --host 0.0.0.0 --port 8000
+            environment: {DATABASE_URL: "postgresql://u:p@db:5432/app", REDIS_HOST: cache}
             healthcheck: {test: "curl -f http://localhost:8000/health"}
+          db: {image: postgres:16, container_name: the-db}
           cache:
             image: redis:7
             healthcheck: {test: ["CMD", "redis-cli", "ping"]}
     """)
-    api = port(plan, "api", 8000).host
-    assert plan.service("api").healthcheck["test"] == ["CMD-SHELL", f"curl -f http://localhost:{api}/health"]
-    assert plan.service("api").launch[-4:] == ["--host", "127.0.0.1", "--port", str(api)]
-    cache = port(plan, "cache", 6379).host
-    assert plan.service("cache").healthcheck["test"] == ["CMD", "redis-cli", "-p", str(cache), "ping"]
+    names = hosts(plan)
+    assert names["api"] == f"{BLOCK}.2" and names["cache"] == f"{BLOCK}.3"
+    assert names["db"] == names["the-db"] == f"{BLOCK}.4" and names["host.docker.internal"] == "127.0.0.1"
+    for service, container in (("api", 8000), ("db", 5432), ("cache", 6379)):
+        endpoint = port(plan, service, container)
+        assert (endpoint.address, endpoint.host) == (names[service], container), service
+    api, db, cache = plan.service("api"), plan.service("db"), plan.service("cache")
+    assert api.launch[-4:] == ["--host", f"{BLOCK}.2", "--port", "8000"]
+    assert api.healthcheck["test"] == ["CMD-SHELL", f"curl -f http://{BLOCK}.2:8000/health"]
+    assert api.environment["DATABASE_URL"] == "postgresql://u:p@db:5432/app"  # nothing moved: nothing rewritten
+    assert db.launch == ["/.singularity.d/runscript", "postgres", "-c", f"listen_addresses={BLOCK}.4"]
+    assert "PGPORT" not in db.environment
+    assert cache.launch[-2:] == ["--bind", f"{BLOCK}.3"] and "--port" not in cache.launch
+    assert cache.healthcheck["test"] == ["CMD", "redis-cli", "-h", f"{BLOCK}.3", "ping"]
+    assert "referenced by api" in port(plan, "db", 5432).evidence and "flag --port" in port(plan, "api", 8000).evidence
+    assert not any("all interfaces" in w for w in plan.warnings)
 
 
-def test_unknown_service_port_stays_and_clash_is_reported(tmp_path):
+def test_two_services_from_one_image_on_one_port_told_their_address(tmp_path):
+    plan = plan_for(tmp_path, """
+        x-app: &app
+          image: example/app
+          environment: {PORT: "9000", HOST: "0.0.0.0", REDIS_HOST: cache}
+        services:
+          api: *app
+          worker: *app
+          cache: {image: redis:7}
+    """)
+    for name in ("api", "worker"):
+        endpoint = port(plan, name, 9000)
+        assert endpoint.host == 9000 and endpoint.address == hosts(plan)[name]
+        assert plan.service(name).environment["HOST"] == hosts(plan)[name]
+        assert plan.service(name).environment["PORT"] == "9000"
+    assert [p.container for p in plan.service("api").ports] == [9000]  # REDIS_HOST names a client setting
+
+
+def test_services_that_cannot_be_told_an_address_are_separated_by_a_port_knob(tmp_path):
     plan = plan_for(tmp_path, """
         services:
-          a: {image: example/a, ports: ["9000:9000"]}
-          b: {image: example/b, expose: ["9000"]}
+          a: {image: example/a, environment: {PORT: "9000"}}
+          b: {image: example/b, environment: {PORT: "9000"}}
+          proxy:
+            image: example/proxy
+            environment: {A: "http://a:9000/", B: "http://b:9000/x"}
     """)
-    assert port(plan, "a", 9000).host == 9000 and port(plan, "b", 9000).host == 9000
-    assert any("also used by another service" in w for w in plan.warnings)
+    a, b = port(plan, "a", 9000), port(plan, "b", 9000)
+    assert (a.address, a.host) == ("0.0.0.0", 9000) and (b.address, b.host) == ("0.0.0.0", 30000)
+    assert plan.service("b").environment["PORT"] == "30000"
+    assert plan.service("proxy").environment == {"A": "http://a:9000/", "B": "http://b:30000/x"}
+    assert any("'b': port 9000 is served on 0.0.0.0:30000 (port 9000 is also used by service 'a')" in w
+               for w in plan.warnings)
+    assert any("'a' listens on all interfaces (0.0.0.0:9000)" in w for w in plan.warnings)
+
+
+def test_a_clash_that_cannot_be_resolved_is_refused_with_the_hint(tmp_path):
+    with pytest.raises(ComposeError) as info:
+        plan_for(tmp_path, """
+            services:
+              a: {image: example/a, expose: ["9000"]}
+              b: {image: example/b, healthcheck: {test: "wget -q localhost:9000"}}
+        """)
+    message = str(info.value)
+    assert "services 'a' and 'b' both listen on port 9000" in message
+    assert "a: expose; b: healthcheck" in message and "on all interfaces" in message
+    assert 'x-compose2sif: {ports: {"9000": {env: VAR}}}' in message and "bind_address" in message
+
+
+def test_a_privileged_port_moves_through_its_knob_or_is_refused(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          app: {image: example/app, command: ["serve", "--port", "80", "--host", "0.0.0.0"]}
+          client: {image: example/c, environment: {URL: "http://app/api", URL2: "http://app:80/x"}}
+    """)
+    assert port(plan, "app", 80).host == 30000 and plan.service("app").launch[-4:] == [
+        "--port", "30000", "--host", f"{BLOCK}.2"]
+    assert plan.service("client").environment == {"URL": "http://app:30000/api", "URL2": "http://app:30000/x"}
+    with pytest.raises(ComposeError, match=r"service 'web' listens on port 80 \(seen in: ports\).*cannot move it"):
+        plan_for(tmp_path, """
+            services:
+              web: {image: example/web, ports: ["80"]}
+        """)
+
+
+def test_published_ports_listen_where_they_are_published(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          cache: {image: redis:7, ports: ["127.0.0.1:6380:6379"]}
+          app: {image: example/app, environment: {REDIS_URL: "redis://cache:6379/0"}}
+    """)
+    cache = port(plan, "cache", 6379)
+    assert (cache.address, cache.host, cache.published) == ("127.0.0.1", 6380, True)
+    assert plan.service("cache").launch[-4:] == ["--bind", "127.0.0.1", "--port", "6380"]
+    assert hosts(plan)["cache"] == "127.0.0.1"
+    assert plan.service("app").environment["REDIS_URL"] == "redis://cache:6380/0"
+    assert not any("all interfaces" in w for w in plan.warnings)
+
+
+def test_flags_inside_a_shell_script_are_knobs(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          app:
+            image: example/app
+            command: ["sh", "-c", "migrate && exec gunicorn -b 0.0.0.0:8000 --workers 2 app:wsgi"]
+          minio:
+            image: minio/minio
+            command: server /data --address ":9000" --console-address ":9001"
+    """)
+    assert plan.service("app").launch[-1] == f"migrate && exec gunicorn -b {BLOCK}.2:8000 --workers 2 app:wsgi"
+    assert port(plan, "app", 8000).address == f"{BLOCK}.2"
+    minio = plan.service("minio")
+    assert minio.launch[-4:] == ["--address", f"{BLOCK}.3:9000", "--console-address", f"{BLOCK}.3:9001"]
+    assert [(p.container, p.address) for p in minio.ports] == [(9000, f"{BLOCK}.3"), (9001, f"{BLOCK}.3")]
+
+
+def test_node_listeners_make_wildcard_services_move(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          a: {image: example/a, environment: {PORT: "8080"}}
+          b: {image: example/b, environment: {PORT: "8081", HOST: "0.0.0.0"}}
+    """, busy={("127.0.0.1", 8080), ("127.9.9.9", 8081)})
+    assert port(plan, "a", 8080).host == 30000   # 0.0.0.0:8080 would collide with 127.0.0.1:8080
+    assert port(plan, "b", 8081).host == 8081    # its own address does not
+    assert overlaps(("0.0.0.0", 1), ("127.0.0.1", 1)) and not overlaps(("127.0.0.2", 1), ("127.0.0.1", 1))
 
 
 def test_hints_teach_the_planner(tmp_path):
@@ -133,16 +176,44 @@ def test_hints_teach_the_planner(tmp_path):
         services:
           app:
             image: example/app
-            ports: ["8000"]
+            expose: ["8000"]
             x-compose2sif:
               ports: {"8000": {env: APP_PORT}}
               bind_address: {env: APP_HOST}
               writable: [/var/lib/app]
+          other: {image: example/other, expose: ["8000"]}
     """)
     app = plan.service("app")
-    assert app.environment["APP_PORT"] == str(port(plan, "app", 8000).host)
-    assert app.environment["APP_HOST"] == "0.0.0.0"  # published (no host port given)
+    # `other` holds 8000 on every address (it cannot be told one), so app's 8000 must move too
+    assert app.environment["APP_HOST"] == f"{BLOCK}.2" and app.environment["APP_PORT"] == "30000"
+    assert port(plan, "other", 8000).address == "0.0.0.0" and port(plan, "app", 8000).host == 30000
     assert any(b.target == "/var/lib/app" and b.kind == "scratch" for b in app.binds)
+
+
+def test_bound_config_files_follow_a_moved_port(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          web: {image: example/web, command: ["serve", "--port", "80"]}
+          relay:
+            image: example/relay
+            volumes: [./relay.yml:/etc/relay/config.yml:ro]
+    """, files={"relay.yml": "upstream: http://web:80/\n"})
+    relay = plan.service("relay")
+    bind = next(b for b in relay.binds if b.target == "/etc/relay/config.yml")
+    assert bind.kind == "config" and plan.configs[bind.source] == "upstream: http://web:30000/\n"
+
+
+def test_blocks_are_deterministic_and_per_user_and_project():
+    assert default_address_block("p", uid=1000) != default_address_block("p", uid=1001)
+    assert default_address_block("p", uid=1000) != default_address_block("q", uid=1000)
+    assert default_address_block("p", uid=1000) == default_address_block("p", uid=1000)
+    assert default_port_base("p", uid=1000) != default_port_base("p", uid=1001)
+    assert parse_address_block("127.45.3.0/24") == "127.45.3"
+    mine = default_address_block("p", uid=1000)
+    assert free_address_block("p", {(f"{mine}.9", 80)}, uid=1000) != mine  # someone else listens in it
+    assert free_address_block("p", {("127.0.0.1", 80)}, uid=1000) == mine
+    with pytest.raises(ComposeError):
+        parse_address_block("10.0.0.0/24")
 
 
 def test_volumes_levels_oneshot_gpus(tmp_path):
@@ -208,12 +279,14 @@ def test_nginx_template_rendered_with_plan(tmp_path):
             location / { proxy_pass http://web:3000; }
         }
     """})
-    api, web = port(plan, "api", 5001).host, port(plan, "web", 3000).host
     (path, text), = plan.configs.items()
     assert path == "config/proxy/root/etc/nginx/conf.d/default.conf"
     assert "listen 0.0.0.0:8080 default_server;" in text and "listen [::]:8080;" in text
     assert "server_name chat $UNDEFINED;" in text
-    assert f"proxy_pass http://api:{api};" in text and f"proxy_pass http://web:{web};" in text
+    assert "proxy_pass http://api:5001;" in text and "proxy_pass http://web:3000;" in text
+    api, web = plan.service("api"), plan.service("web")
+    assert api.environment["DIFY_BIND_ADDRESS"] == api.address == f"{BLOCK}.2" and "DIFY_PORT" not in api.environment
+    assert web.environment["HOSTNAME"] == web.address == f"{BLOCK}.4"
     binds = {b.target: b for b in plan.service("proxy").binds}
     assert binds["/etc/nginx/conf.d"].source == "config/proxy/root/etc/nginx/conf.d" and binds["/etc/nginx/conf.d"].read_only
     assert "/etc/nginx/templates/default.conf.template" not in binds
@@ -266,6 +339,6 @@ def test_every_corpus_project_plans_or_fails_cleanly(case, tmp_path):
     env = {"HOME": "/home/u", "SET": "v", "EMPTY": "", "BOTH": "h", **(spec.get("env") or {})}
     try:
         project = load_project(ProjectOptions(cwd=str(source), environ=env))
-        build_plan(project, PlanOptions(port_base=30000, busy_ports=set()))
+        build_plan(project, PlanOptions(port_base=30000, busy=set()))
     except ComposeError as exc:
         assert str(exc)

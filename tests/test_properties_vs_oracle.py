@@ -116,3 +116,30 @@ def test_dotenv_matches_compose(tmp_path_factory, content, hostv):
         theirs = unescape(theirs)
         for service in ("interpolated", "from_env_file"):
             assert mine["services"][service].get("environment") == theirs["services"][service].get("environment")
+
+
+# Pieces of string commands: quotes, backslashes, dollars (escaped for interpolation), spaces, tabs,
+# the operators that end a command for Compose, parentheses and backquotes.
+COMMAND_PIECES = st.sampled_from(["a", "b1", "-c", " ", "  ", "\t", "\n", "'", '"', "\\", "\\\\", "$$", "$$!",
+                                  "$$(", ")", "`", ";", "&", "|", "<", ">", "2>", "=", "#", "é"])
+
+
+def command_strings():
+    return st.lists(COMMAND_PIECES, min_size=1, max_size=12).map("".join)
+
+
+@SETTINGS
+@given(command=command_strings(), entrypoint=command_strings())
+def test_string_commands_split_as_compose_splits_them(tmp_path_factory, command, entrypoint):
+    work = tmp_path_factory.mktemp("split")
+    lines = ["services:", "  app:", "    image: a", f"    command: {json.dumps(command)}",
+             f"    entrypoint: {json.dumps(entrypoint)}", f"    healthcheck: {{test: {json.dumps(command)}}}"]
+    (work / "compose.yaml").write_text("\n".join(lines) + "\n")
+    env = base_env({})
+    rc_oracle, theirs, err = run_oracle([], work, env)
+    rc_ours, mine, my_err = ours(work, env)
+    assert rc_ours == rc_oracle, f"oracle rc={rc_oracle} ({err.strip()}), ours rc={rc_ours} ({my_err})"
+    if rc_oracle == 0:
+        theirs = unescape(theirs)["services"]["app"]
+        for key in ("command", "entrypoint", "healthcheck"):
+            assert mine["services"]["app"].get(key) == theirs.get(key), key

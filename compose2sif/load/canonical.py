@@ -374,6 +374,3 @@ def set_defaults(model: Dict[str, Any]) -> None:
         for request in list(devices or []) + list(service.get("gpus") or []):
             if isinstance(request, dict) and "count" not in request and "device_ids" not in request:
                 request["count"] = "all"
-        for volume in service.get("volumes") or []:
-            if isinstance(volume, dict) and isinstance(volume.get("bind"), dict):
-                volume["bind"].setdefault("create_host_path", True)

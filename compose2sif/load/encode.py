@@ -7,10 +7,10 @@ printed as loaded (in long syntax).
 """
 from __future__ import annotations
 
-import shlex
 from typing import Any, Callable, Dict, List, Optional
 
 from compose2sif.errors import ComposeError
+from compose2sif.load import shellwords
 from compose2sif.units import float32, format_duration, go_str, parse_bytes, parse_duration
 
 
@@ -51,14 +51,14 @@ def _bytes(value: Any, path: str) -> str:
 
 
 def shell_command(value: Any, path: str) -> Optional[List[str]]:
-    """A command or entrypoint: a list stays a list; a string is split like a POSIX shell."""
+    """A command or entrypoint: a list stays a list; a string is split as Compose splits it."""
     if value is None:
         return None
     if isinstance(value, str):
         try:
-            return shlex.split(value)
-        except ValueError as exc:
-            raise _fail(path, f"cannot split {value!r} like a shell: {exc}") from None
+            return shellwords.split(value)
+        except shellwords.ShellwordsError as exc:
+            raise _fail(path, str(exc)) from None
     if isinstance(value, list):
         return [_string(item, f"{path}[{i}]") for i, item in enumerate(value)]
     raise _fail(path, "must be a string or a list of strings")
@@ -262,17 +262,67 @@ def _optional_string(value: Any, path: str) -> Optional[str]:
     return _string(value, path) or None
 
 
+def extra_hosts(value: Any, path: str) -> List[str]:
+    """compose-go's HostsList: ``host=ip`` or ``host:ip`` items (or a mapping), printed sorted as
+    ``host=ip``; an IP may be a comma-separated list and may be bracketed (``[::1]``)."""
+    pairs: List[Any] = []
+    if isinstance(value, dict):
+        for host, ips in value.items():
+            ips = "" if ips is None else ips
+            pairs += [(str(host), go_str(ip)) for ip in ips] if isinstance(ips, list) else [(str(host), go_str(ips))]
+    elif isinstance(value, list):
+        for item in value:
+            text = go_str(item)
+            for separator in ("=", ":"):
+                host, found, ips = text.partition(separator)
+                if found:
+                    pairs += [(host, ip) for ip in ips.split(",")]
+                    break
+            else:
+                raise _fail(path, f"invalid additional host, missing IP: {text}")
+    else:
+        raise _fail(path, "must be a list or a mapping")
+    out = []
+    for host, ip in pairs:
+        if not host or ":" in host or "=" in host:
+            raise _fail(path, f"bad host name '{host}'")
+        if len(ip) > 2 and ip[0] == "[" and ip[-1] == "]":
+            ip = ip[1:-1]
+        out.append(f"{host}={ip}")
+    return sorted(out)
+
+
+def _omit_empty(value: Any, path: str) -> Any:
+    """Keys Compose decodes into plain Go fields: their zero value is not printed."""
+    if isinstance(value, dict):
+        return {k: v for k, v in value.items() if not _is_zero(v)}
+    return value
+
+
+def _is_zero(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, bool):
+        return value is False
+    if isinstance(value, (int, float)):
+        return value == 0
+    return value in ("", [], {})
+
+
 _ENCODERS: Dict[str, Callable[[Any, str], Any]] = {
     "command": shell_command, "entrypoint": shell_command,
     "environment": _environment, "ports": _ports, "volumes": _volumes,
     "healthcheck": _healthcheck, "deploy": _deploy, "ulimits": _ulimits,
-    "depends_on": _depends_on, "shm_size": _bytes,
+    "depends_on": _depends_on, "shm_size": _bytes, "extra_hosts": extra_hosts, "build": _omit_empty,
     "gpus": lambda v, p: [_device_request(d, f"{p}[{i}]") for i, d in enumerate(v or [])],
     "image": _optional_string, "working_dir": _optional_string, "user": _optional_string,
     "ipc": _optional_string, "network_mode": _optional_string, "restart": _optional_string,
     "profiles": lambda v, p: [_string(x, p) for x in v or []] or None,
 }
 _ALWAYS = ("command", "entrypoint")  # Compose prints these as null when unset
+# Service keys Compose holds as Go pointers: a zero value (init: false, scale: 0) is still printed.
+_POINTERS = ("attach", "init", "scale", "stop_grace_period", "build", "develop", "blkio_config", "credential_spec",
+             "deploy", "provider", "extends", "healthcheck", "logging")
 
 
 def encode_service(name: str, service: Dict[str, Any]) -> Dict[str, Any]:
@@ -280,11 +330,10 @@ def encode_service(name: str, service: Dict[str, Any]) -> Dict[str, Any]:
     for key, value in service.items():
         encoder = _ENCODERS.get(key)
         encoded = encoder(value, f"services.{name}.{key}") if encoder else value
-        if encoded in (None, "", {}, []) and key not in _ALWAYS and key != "shm_size":
-            if key in ("environment", "ports", "volumes", "depends_on", "profiles", "ulimits", "gpus", "image",
-                       "working_dir", "user", "ipc", "network_mode", "restart"):
+        if key in _ALWAYS or key in _POINTERS:
+            if encoded is None and key not in _ALWAYS:
                 continue
-        if key == "shm_size" and encoded == "0":
+        elif _is_zero(encoded) or (key == "shm_size" and encoded == "0"):
             continue
         out[key] = encoded
     for key in _ALWAYS:
@@ -292,12 +341,41 @@ def encode_service(name: str, service: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def _used_resources(services: Dict[str, Any]) -> Dict[str, set]:
+    """What the active services refer to (compose-go's WithoutUnnecessaryResources)."""
+    used: Dict[str, set] = {"networks": set(), "volumes": set(), "secrets": set(), "configs": set(), "models": set()}
+    for service in services.values():
+        used["networks"].update(service.get("networks") or ())
+        used["models"].update(service.get("models") or ())
+        for volume in service.get("volumes") or ():
+            if volume.get("type") == "volume" and volume.get("source"):
+                used["volumes"].add(volume["source"])
+        for kind in ("secrets", "configs"):
+            for ref in service.get(kind) or ():
+                used[kind].add(ref.get("source") if isinstance(ref, dict) else ref)
+        for ref in (service.get("build") or {}).get("secrets") or ():
+            used["secrets"].add(ref.get("source") if isinstance(ref, dict) else ref)
+    return used
+
+
+def _network(value: Dict[str, Any]) -> Dict[str, Any]:
+    out = dict(value)
+    out["ipam"] = _omit_empty(out.get("ipam") or {}, "")  # a Go struct, so always printed
+    return out
+
+
 def encode_project(model: Dict[str, Any]) -> Dict[str, Any]:
     """The whole project as `docker compose config --format json` prints it."""
     out: Dict[str, Any] = {"name": model.get("name")}
-    out["services"] = {name: encode_service(name, svc) for name, svc in sorted(model.get("services", {}).items())}
+    services = model.get("services", {})
+    out["services"] = {name: encode_service(name, svc) for name, svc in sorted(services.items())}
+    used = _used_resources(services)
     for key in ("networks", "volumes", "secrets", "configs", "models"):
-        if model.get(key):
-            out[key] = model[key]
-    out.update((k, v) for k, v in model.items() if k not in out and k != "include")
+        kept = {k: v for k, v in (model.get(key) or {}).items() if k in used[key]}
+        if key == "networks":
+            kept = {k: _network(v) for k, v in kept.items()}
+        if kept:
+            out[key] = kept
+    out.update((k, v) for k, v in model.items() if k not in out and k not in ("include", *used))
     return out
+

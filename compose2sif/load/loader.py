@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
@@ -25,7 +26,7 @@ from compose2sif.load.canonical import canonical, set_defaults
 from compose2sif.load.encode import encode_project
 from compose2sif.load.interpolate import interpolate_tree
 from compose2sif.load.merge import apply_resets, collect_resets, enforce_unicity, merge, merge_mappings
-from compose2sif.load.validate import validate
+from compose2sif.load.validate import go_quote, validate
 from compose2sif.load.yaml_source import Document, load_documents
 from compose2sif.support import unsupported_warnings
 
@@ -105,7 +106,7 @@ def _read(path: str) -> str:
         raise ComposeError("no such file") .located(path) from None
     except IsADirectoryError:
         raise ComposeError("is a directory, not a file").located(path) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a NUL byte in the path
         raise ComposeError(f"cannot read: {exc}").located(path) from None
 
 
@@ -144,16 +145,37 @@ def normalize_project_name(name: str) -> str:
     return kept.lstrip("_-")
 
 
-def _name_from_files(files: List[str], lookup) -> str:
+def _checked_project_name(name: str) -> str:
+    """A name given with -p or COMPOSE_PROJECT_NAME is used as given, so it must already be valid."""
+    if normalize_project_name(name) != name:
+        raise ComposeError(f"invalid project name {go_quote(name)}: must consist only of lowercase alphanumeric "
+                           "characters, hyphens, and underscores as well as start with a letter or number")
+    return name
+
+
+def _defining_file(paths: List[str], key: str, separator: str = "=") -> Optional[str]:
+    """The last of ``paths`` with a line that sets ``key`` (to name it in an error)."""
+    pattern = re.compile(rf"^\s*(export\s+)?{re.escape(key)}\s*{separator}", re.MULTILINE)
+    for path in reversed(paths):
+        try:
+            if pattern.search(_read(path)):
+                return path
+        except ComposeError:
+            continue
+    return None
+
+
+def _name_from_files(files: List[str], lookup) -> Optional[str]:
+    """The last `name:` of the files, normalised (it may then be empty); None when no file has one."""
     name = ""
     for path in files:
         for doc in load_documents(path, _read(path)):
             value = doc.data.get("name")
             if isinstance(value, str) and value:
                 name = value
-    if name:
-        name = interpolate_tree({"name": name}, lookup)["name"]
-    return normalize_project_name(name)
+    if not name:
+        return None
+    return normalize_project_name(interpolate_tree({"name": name}, lookup)["name"])
 
 
 # ---- per-file pipeline -----------------------------------------------------------------------
@@ -388,6 +410,14 @@ def _environment_mapping(value: Any, path: str) -> Dict[str, Optional[str]]:
     raise ComposeError("environment must be a list or a mapping", path=path)
 
 
+def _build_args(value: Any, environment: Dict[str, str], path: str) -> Dict[str, str]:
+    """Build args as a mapping; a name without a value takes the environment's, or is left out
+    (compose-go resolves them, then drops the unresolved ones)."""
+    args = _environment_mapping(value, path)
+    resolved = {k: (v if v is not None else environment.get(k)) for k, v in args.items()}
+    return {k: v for k, v in resolved.items() if v is not None}
+
+
 def _normalize(model: Dict[str, Any], name: str, environment: Dict[str, str]) -> None:
     services = model.get("services") or {}
     uses_default = False
@@ -411,6 +441,8 @@ def _normalize(model: Dict[str, Any], name: str, environment: Dict[str, str]) ->
                 build["context"] = "."
             if build.get("dockerfile") is None and build.get("dockerfile_inline") is None:
                 build["dockerfile"] = "Dockerfile"
+            if "args" in build:
+                build["args"] = _build_args(build["args"], environment, f"services.{sname}.build.args")
         env = _environment_mapping(service.get("environment"), f"services.{sname}.environment")
         if "environment" in service:
             service["environment"] = {k: (v if v is not None else environment.get(k)) for k, v in env.items()}
@@ -579,16 +611,24 @@ def load_project(options: ProjectOptions) -> Project:
     working_dir = project_dir or os.path.dirname(files[0])
 
     if options.project_name:
-        name = options.project_name
-        if normalize_project_name(name) != name:
-            raise ComposeError(f"invalid project name {name!r}: must contain only lowercase letters, "
-                               "digits, dashes and underscores, and start with a letter or digit")
+        name = _checked_project_name(options.project_name)
     elif environment.get("COMPOSE_PROJECT_NAME"):
-        name = environment["COMPOSE_PROJECT_NAME"]
+        try:
+            name = _checked_project_name(environment["COMPOSE_PROJECT_NAME"])
+        except ComposeError as exc:
+            raise exc.located(None if "COMPOSE_PROJECT_NAME" in environ else _defining_file(
+                env_paths, "COMPOSE_PROJECT_NAME")) from None
     else:
-        name = _name_from_files(files, environment.get) or normalize_project_name(os.path.basename(working_dir))
+        name = _name_from_files(files, environment.get)
+        if name is None:
+            name = normalize_project_name(os.path.basename(working_dir))
+        elif not name:
+            raise ComposeError("project name must not be empty (`name:` has no letter or digit)").located(
+                _defining_file(files, "name", separator=":"))
     if not name:
-        raise ComposeError("project name must not be empty; use -p or a `name:` key")
+        raise ComposeError(f"project name must not be empty (the directory name "
+                           f"{go_quote(os.path.basename(working_dir))} has no letter or digit); use -p or a `name:` key"
+                           ).located(files[0])
     environment["COMPOSE_PROJECT_NAME"] = name
 
     profiles = list(options.profiles) or [p.strip() for p in environment.get("COMPOSE_PROFILES", "").split(",")]

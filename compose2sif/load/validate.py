@@ -6,6 +6,7 @@ word errors the way Compose does: ``services.web.healthcheck.interval must be a 
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Dict
 
 from compose2sif.errors import ComposeError
@@ -174,8 +175,21 @@ def gpus(v, p):
     any_list(v, p)
 
 
+# The Compose Specification's patterns. Keys of these sections are anchored (patternProperties);
+# container_name's pattern is not, and JSON Schema patterns match anywhere in the value.
+_RESOURCE_NAME = re.compile(r"[a-zA-Z0-9._-]+")
+_NAMED_SECTIONS = ("services", "volumes", "secrets", "configs")
+_CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+")
+
+
+def container_name(v, p):
+    string(v, p)
+    if not _CONTAINER_NAME.search(v):
+        raise ComposeError(f"{v!r} does not match pattern '{_CONTAINER_NAME.pattern}'", path=p)
+
+
 _SERVICE_CHECKS: Dict[str, Check] = {
-    "image": string, "container_name": string, "hostname": string, "domainname": string,
+    "image": string, "container_name": container_name, "hostname": string, "domainname": string,
     "working_dir": string, "user": string, "ipc": string, "pid": string, "uts": string,
     "network_mode": string, "restart": string, "runtime": string, "platform": string,
     "pull_policy": string, "stop_signal": string, "stop_grace_period": string, "mac_address": string,
@@ -207,6 +221,12 @@ def validate(model: Dict[str, Any], filename: str, line_of) -> None:
     services = model.get("services")
     if services is not None and not isinstance(services, dict):
         raise _fail("services", "a mapping")
+    for kind in _NAMED_SECTIONS:
+        section = model.get(kind)
+        for name in section if isinstance(section, dict) else ():
+            if not _RESOURCE_NAME.fullmatch(str(name)):
+                raise ComposeError(f"additional properties {go_quote(str(name), chr(39))} not allowed", path=kind,
+                                   file=filename, line=line_of(kind, name))
     for name, service in (services or {}).items():
         if service is None:
             continue
@@ -225,3 +245,19 @@ def validate(model: Dict[str, Any], filename: str, line_of) -> None:
         section = model.get(kind)
         if section is not None and not isinstance(section, dict):
             raise _fail(kind, "a mapping")
+
+
+def go_quote(text: str, quote: str = '"') -> str:
+    """``text`` between quotes, with control characters escaped as Go's %q does, so a hostile value
+    prints on one line."""
+    escapes = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\a": "\\a", "\b": "\\b", "\f": "\\f",
+               "\v": "\\v", "\\": "\\\\", quote: "\\" + quote}
+    out = []
+    for ch in text:
+        if ch in escapes:
+            out.append(escapes[ch])
+        elif not ch.isprintable():
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x80 else f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return quote + "".join(out) + quote

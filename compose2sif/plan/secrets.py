@@ -22,6 +22,7 @@ from typing import Any, Dict, List
 from compose2sif.errors import ComposeError
 from compose2sif.load import Project
 from compose2sif.model import Service
+from compose2sif.plan.types import Bind
 
 KINDS = {"secrets": "/run/secrets/", "configs": "/"}  # where each kind goes when the target is relative
 _UNBINDABLE = re.compile(r"[\x00-\x1f\x7f,:]")  # Apptainer's --bind splits at ',' and ':'
@@ -52,7 +53,6 @@ def _target(kind: str, entry: Dict[str, Any]) -> str:
 def mounts(service: Service, project: Project, configs: Dict[str, str], warnings: List[str]) -> List[Any]:
     """Read-only binds for the service's secrets and configs. Values taken from the environment or
     inline are added to ``configs`` (output path -> content), which convert writes with mode 0600."""
-    from compose2sif.plan import Bind  # the planner's type; imported here as the planner imports us
     binds = []
     for kind in KINDS:
         defined = project.model.get(kind) or {}

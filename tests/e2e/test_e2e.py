@@ -51,14 +51,15 @@ def test_up_from_nothing_builds_and_starts_everything_healthy(stack):
     for name in ("db", "redis", "llm", "api", "worker"):
         assert state[name]["health"] == "healthy", state[name]
     assert state["init"]["state"] == "exited" and state["init"]["exit_code"] == 0
-    # api and worker share one image and one container port; the worker was moved
+    # api and worker share one image and one port: each keeps 8000 on its own loopback address
     plan = json.loads((node.home / OUT / "plan.json").read_text())
     ports = {s["name"]: s["ports"] for s in plan["services"]}
-    assert ports["api"][0]["container"] == ports["worker"][0]["container"] == 8000
-    assert ports["api"][0]["host"] != ports["worker"][0]["host"]
+    address = {s["name"]: s["address"] for s in plan["services"]}
+    assert ports["api"][0]["host"] == ports["worker"][0]["host"] == 8000
+    assert ports["api"][0]["address"] == address["api"] != address["worker"] == ports["worker"][0]["address"]
     assert sorted(plan["images"]["c2s-python-test"]["services"]) == ["api", "init", "worker"]
-    assert ports["proxy"][0] == {"container": 80, "host": 18080, "address": "0.0.0.0", "published": True,
-                                 "how": "nginx"}
+    proxy = ports["proxy"][0]
+    assert (proxy["container"], proxy["host"], proxy["address"], proxy["published"]) == (80, 18080, "0.0.0.0", True)
 
 
 def test_request_goes_through_nginx_api_postgres_redis_and_the_model(stack):
@@ -150,10 +151,13 @@ def test_two_projects_side_by_side(stack):
     first, second = ps(node), ps(node, "out2")
     assert all(s["state"] == "running" for n, s in second.items() if n != "init")
     assert {s["instance"] for s in first.values()}.isdisjoint({s["instance"] for s in second.values()})
-    first_ports = {p for s in first.values() for p in s["ports"]}
-    second_ports = {p for s in second.values() for p in s["ports"]}
-    assert first_ports.isdisjoint(second_ports)
-    proxy2 = second["proxy"]["ports"][0]
+    plans = [json.loads((node.home / out / "plan.json").read_text()) for out in (OUT, "out2")]
+    first_endpoints, second_endpoints = ([(p["address"], p["host"]) for s in plan["services"] for p in s["ports"]]
+                                         for plan in plans)
+    for a in first_endpoints:  # same ports, other addresses: no two listeners collide
+        assert not any(a[1] == b[1] and (a[0] == b[0] or "0.0.0.0" in (a[0], b[0])) for b in second_endpoints), a
+    proxy2 = next(p["host"] for s in plans[1]["services"] if s["name"] == "proxy" for p in s["ports"]
+                  if p["container"] == 80)
     assert curl(node, "POST", "/api/notes", {"text": "second"}, port=proxy2)["id"] == 1
     assert [n["text"] for n in curl(node, "GET", "/api/notes")["notes"]] == []  # first project untouched
     node.run("cd ~ && out2/run.sh down -v", check=True, timeout=300)

@@ -30,7 +30,7 @@ svc_db() {
     S_INSTANCE=c2s-e2e-db
     S_SIF="$HERE/sif/c2s-postgres-test.sif"
     S_ENV="$HERE/env/db.env"
-    S_WORKDIR=''
+    S_WORKDIR=/
     S_TMP=state/services/db/scratch/tmp
     S_ONESHOT=0
     S_RESTART=no
@@ -41,7 +41,7 @@ svc_db() {
     S_BINDS=(state/volumes/pgdata:/var/lib/postgresql/data state/services/db/scratch/var_run_postgresql:/var/run/postgresql state/services/db/scratch/tmp:/tmp)
     S_MKDIRS=(state/volumes/pgdata state/services/db/scratch/var_run_postgresql state/services/db/scratch/tmp)
     S_EMPTY=(state/services/db/scratch/var_run_postgresql state/services/db/scratch/tmp)
-    S_PORTS=(30001)
+    S_ENDPOINTS=(127.45.3.3:5432)
     S_HEALTH=(CMD-SHELL 'pg_isready -h db -U app -d app')
     S_HEALTH_INTERVAL=1.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=60
     S_HEALTH_START_PERIOD=0.0 S_HEALTH_START_INTERVAL=5.0
@@ -64,8 +64,8 @@ svc_llm() {
     S_BINDS=(<PROJECT>/models:/models:ro state/services/llm/scratch/tmp:/tmp)
     S_MKDIRS=(<PROJECT>/models state/services/llm/scratch/tmp)
     S_EMPTY=(state/services/llm/scratch/tmp)
-    S_PORTS=(30003)
-    S_HEALTH=(CMD curl -fsS http://localhost:30003/health)
+    S_ENDPOINTS=(127.45.3.5:8080)
+    S_HEALTH=(CMD curl -fsS http://127.45.3.5:8080/health)
     S_HEALTH_INTERVAL=1.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=120
     S_HEALTH_START_PERIOD=0.0 S_HEALTH_START_INTERVAL=5.0
     S_STOP_SIGNAL=SIGTERM
@@ -76,7 +76,7 @@ svc_redis() {
     S_INSTANCE=c2s-e2e-redis
     S_SIF="$HERE/sif/c2s-redis-test.sif"
     S_ENV="$HERE/env/redis.env"
-    S_WORKDIR=''
+    S_WORKDIR=/data
     S_TMP=state/services/redis/scratch/tmp
     S_ONESHOT=0
     S_RESTART=no
@@ -87,8 +87,8 @@ svc_redis() {
     S_BINDS=(<PROJECT>/redis.conf:/etc/redis/compose.conf:ro state/volumes/redisdata:/data state/services/redis/scratch/tmp:/tmp config/redis/redis/compose2sif.conf:/etc/compose2sif/redis.conf:ro)
     S_MKDIRS=(<PROJECT>/redis.conf state/volumes/redisdata state/services/redis/scratch/tmp)
     S_EMPTY=(state/services/redis/scratch/tmp)
-    S_PORTS=(30005)
-    S_HEALTH=(CMD redis-cli -p 30005 ping)
+    S_ENDPOINTS=(127.45.3.7:6379)
+    S_HEALTH=(CMD redis-cli -h 127.45.3.7 ping)
     S_HEALTH_INTERVAL=1.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=30
     S_HEALTH_START_PERIOD=0.0 S_HEALTH_START_INTERVAL=5.0
     S_STOP_SIGNAL=SIGTERM
@@ -110,7 +110,7 @@ svc_init() {
     S_BINDS=(<PROJECT>/app:/app:ro state/services/init/scratch/tmp:/tmp)
     S_MKDIRS=(<PROJECT>/app state/services/init/scratch/tmp)
     S_EMPTY=(state/services/init/scratch/tmp)
-    S_PORTS=(30002)
+    S_ENDPOINTS=(127.45.3.4:8000)
     S_HEALTH=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
     S_STOP_SIGNAL=SIGTERM
@@ -132,7 +132,7 @@ svc_api() {
     S_BINDS=(<PROJECT>/app:/app:ro state/services/api/scratch/tmp:/tmp)
     S_MKDIRS=(<PROJECT>/app state/services/api/scratch/tmp)
     S_EMPTY=(state/services/api/scratch/tmp)
-    S_PORTS=(30000)
+    S_ENDPOINTS=(127.45.3.2:8000)
     S_HEALTH=(CMD python3 /app/server.py health)
     S_HEALTH_INTERVAL=2.0 S_HEALTH_TIMEOUT=5.0 S_HEALTH_RETRIES=30
     S_HEALTH_START_PERIOD=0.0 S_HEALTH_START_INTERVAL=5.0
@@ -155,7 +155,7 @@ svc_worker() {
     S_BINDS=(<PROJECT>/app:/app:ro state/services/worker/scratch/tmp:/tmp)
     S_MKDIRS=(<PROJECT>/app state/services/worker/scratch/tmp)
     S_EMPTY=(state/services/worker/scratch/tmp)
-    S_PORTS=(30006)
+    S_ENDPOINTS=(127.45.3.8:8000)
     S_HEALTH=(CMD python3 /app/server.py health)
     S_HEALTH_INTERVAL=2.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=30
     S_HEALTH_START_PERIOD=0.0 S_HEALTH_START_INTERVAL=5.0
@@ -167,7 +167,7 @@ svc_proxy() {
     S_INSTANCE=c2s-e2e-proxy
     S_SIF="$HERE/sif/c2s-nginx-test.sif"
     S_ENV="$HERE/env/proxy.env"
-    S_WORKDIR=''
+    S_WORKDIR=/
     S_TMP=state/services/proxy/scratch/tmp
     S_ONESHOT=0
     S_RESTART=unless-stopped
@@ -178,7 +178,7 @@ svc_proxy() {
     S_BINDS=(state/services/proxy/scratch/var_cache_nginx:/var/cache/nginx state/services/proxy/scratch/var_run:/var/run state/services/proxy/scratch/run:/run state/services/proxy/scratch/var_log_nginx:/var/log/nginx state/services/proxy/scratch/var_lib_nginx:/var/lib/nginx state/services/proxy/scratch/tmp:/tmp config/proxy/root/etc/nginx/conf.d:/etc/nginx/conf.d:ro)
     S_MKDIRS=(state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_run state/services/proxy/scratch/run state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx state/services/proxy/scratch/tmp)
     S_EMPTY=(state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_run state/services/proxy/scratch/run state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx state/services/proxy/scratch/tmp)
-    S_PORTS=(18080 30004)
+    S_ENDPOINTS=(0.0.0.0:18080 '127.45.3.6:30000?')
     S_HEALTH=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
     S_STOP_SIGNAL=SIGTERM

@@ -30,7 +30,7 @@ svc_db() {
     S_INSTANCE=chatapp-db
     S_SIF="$HERE/sif/postgres-16.sif"
     S_ENV="$HERE/env/db.env"
-    S_WORKDIR=''
+    S_WORKDIR=/
     S_TMP=state/services/db/scratch/tmp
     S_ONESHOT=0
     S_RESTART=no
@@ -41,7 +41,7 @@ svc_db() {
     S_BINDS=(state/volumes/pgdata:/var/lib/postgresql/data state/services/db/scratch/var_run_postgresql:/var/run/postgresql state/services/db/scratch/tmp:/tmp)
     S_MKDIRS=(state/volumes/pgdata state/services/db/scratch/var_run_postgresql state/services/db/scratch/tmp)
     S_EMPTY=(state/services/db/scratch/var_run_postgresql state/services/db/scratch/tmp)
-    S_PORTS=(30001)
+    S_ENDPOINTS=(127.45.3.3:5432)
     S_HEALTH=(CMD-SHELL 'pg_isready -U ${POSTGRES_USER} -d ${POSTGRES_DB}')
     S_HEALTH_INTERVAL=5.0 S_HEALTH_TIMEOUT=5.0 S_HEALTH_RETRIES=10
     S_HEALTH_START_PERIOD=0.0 S_HEALTH_START_INTERVAL=5.0
@@ -64,8 +64,8 @@ svc_llm() {
     S_BINDS=(<PROJECT>/models:/models:ro state/services/llm/tmpfs/tmp:/tmp)
     S_MKDIRS=(<PROJECT>/models state/services/llm/tmpfs/tmp)
     S_EMPTY=(state/services/llm/tmpfs/tmp)
-    S_PORTS=(30002)
-    S_HEALTH=(CMD-SHELL 'curl -fsS http://localhost:30002/health || exit 1')
+    S_ENDPOINTS=(127.45.3.4:8000)
+    S_HEALTH=(CMD-SHELL 'curl -fsS http://127.45.3.4:8000/health || exit 1')
     S_HEALTH_INTERVAL=30.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=3
     S_HEALTH_START_PERIOD=600.0 S_HEALTH_START_INTERVAL=5.0
     S_STOP_SIGNAL=SIGTERM
@@ -76,7 +76,7 @@ svc_redis() {
     S_INSTANCE=chatapp-redis
     S_SIF="$HERE/sif/redis-7.sif"
     S_ENV="$HERE/env/redis.env"
-    S_WORKDIR=''
+    S_WORKDIR=/data
     S_TMP=state/services/redis/scratch/tmp
     S_ONESHOT=0
     S_RESTART=no
@@ -87,8 +87,8 @@ svc_redis() {
     S_BINDS=(state/volumes/redisdata:/data state/services/redis/scratch/tmp:/tmp config/redis/redis/compose2sif.conf:/etc/compose2sif/redis.conf:ro)
     S_MKDIRS=(state/volumes/redisdata state/services/redis/scratch/tmp)
     S_EMPTY=(state/services/redis/scratch/tmp)
-    S_PORTS=(30004)
-    S_HEALTH=(CMD redis-cli -p 30004 ping)
+    S_ENDPOINTS=(127.45.3.6:6379)
+    S_HEALTH=(CMD redis-cli -h 127.45.3.6 ping)
     S_HEALTH_INTERVAL=30.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=3
     S_HEALTH_START_PERIOD=0.0 S_HEALTH_START_INTERVAL=5.0
     S_STOP_SIGNAL=SIGTERM
@@ -110,7 +110,7 @@ svc_api() {
     S_BINDS=(state/volumes/uploads:/app/uploads state/services/api/scratch/tmp:/tmp)
     S_MKDIRS=(state/volumes/uploads state/services/api/scratch/tmp)
     S_EMPTY=(state/services/api/scratch/tmp)
-    S_PORTS=(30000)
+    S_ENDPOINTS=(127.45.3.2:8000)
     S_HEALTH=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
     S_STOP_SIGNAL=SIGTERM
@@ -132,8 +132,8 @@ svc_web() {
     S_BINDS=(state/services/web/scratch/tmp:/tmp)
     S_MKDIRS=(state/services/web/scratch/tmp)
     S_EMPTY=(state/services/web/scratch/tmp)
-    S_PORTS=(30005)
-    S_HEALTH=(CMD wget -qO- http://localhost:30005/healthz)
+    S_ENDPOINTS=(127.45.3.7:3000)
+    S_HEALTH=(CMD wget -qO- http://127.45.3.7:3000/healthz)
     S_HEALTH_INTERVAL=10.0 S_HEALTH_TIMEOUT=3.0 S_HEALTH_RETRIES=5
     S_HEALTH_START_PERIOD=20.0 S_HEALTH_START_INTERVAL=5.0
     S_STOP_SIGNAL=SIGTERM
@@ -144,7 +144,7 @@ svc_proxy() {
     S_INSTANCE=chatapp-proxy
     S_SIF="$HERE/sif/nginx-1.27-alpine.sif"
     S_ENV="$HERE/env/proxy.env"
-    S_WORKDIR=''
+    S_WORKDIR=/
     S_TMP=state/services/proxy/scratch/tmp
     S_ONESHOT=0
     S_RESTART=unless-stopped
@@ -155,7 +155,7 @@ svc_proxy() {
     S_BINDS=(state/services/proxy/scratch/var_cache_nginx:/var/cache/nginx state/services/proxy/scratch/var_run:/var/run state/services/proxy/scratch/run:/run state/services/proxy/scratch/var_log_nginx:/var/log/nginx state/services/proxy/scratch/var_lib_nginx:/var/lib/nginx state/services/proxy/scratch/tmp:/tmp config/proxy/root/etc/nginx/conf.d:/etc/nginx/conf.d:ro)
     S_MKDIRS=(state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_run state/services/proxy/scratch/run state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx state/services/proxy/scratch/tmp)
     S_EMPTY=(state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_run state/services/proxy/scratch/run state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx state/services/proxy/scratch/tmp)
-    S_PORTS=(8080 30003)
+    S_ENDPOINTS=(0.0.0.0:8080 '127.45.3.5:30000?')
     S_HEALTH=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
     S_STOP_SIGNAL=SIGTERM

@@ -5,7 +5,11 @@
           GET /notes: every note with its completion and the worker's result, and the Redis count.
   worker  takes jobs from Redis and writes a result row into PostgreSQL; also serves /health.
   init    creates the tables (a one-shot service the api waits for).
-  health  the healthcheck: GET http://127.0.0.1:$PORT/health.
+  health  the healthcheck: GET http://$HOST:$PORT/health (127.0.0.1 when $HOST is a wildcard).
+
+It finds PostgreSQL and Redis through DATABASE_URL and REDIS_URL, or, like many programs, through
+a host name alone (DB_HOST, REDIS_HOST) and the client library's default port. Without MODEL_URL
+notes get no completion.
 """
 import json
 import os
@@ -20,14 +24,21 @@ import redis
 
 
 def db():
-    return psycopg2.connect(os.environ["DATABASE_URL"])
+    if "DATABASE_URL" in os.environ:
+        return psycopg2.connect(os.environ["DATABASE_URL"])
+    return psycopg2.connect(host=os.environ["DB_HOST"], user=os.environ["DB_USER"],
+                            password=os.environ["DB_PASSWORD"], dbname=os.environ["DB_NAME"])
 
 
 def cache():
-    return redis.Redis.from_url(os.environ["REDIS_URL"])
+    if "REDIS_URL" in os.environ:
+        return redis.Redis.from_url(os.environ["REDIS_URL"])
+    return redis.Redis(host=os.environ["REDIS_HOST"])
 
 
 def complete(prompt):
+    if "MODEL_URL" not in os.environ:
+        return None
     body = json.dumps({"prompt": prompt, "n_predict": 8, "temperature": 0, "seed": 1}).encode()
     request = urllib.request.Request(os.environ["MODEL_URL"].rstrip("/").rsplit("/v1", 1)[0] + "/completion",
                                      data=body, headers={"Content-Type": "application/json"})
@@ -109,7 +120,8 @@ def main(role):
             cur.execute("CREATE TABLE IF NOT EXISTS results (note_id int PRIMARY KEY, result text)")
         print("init: tables ready", flush=True)
     elif role == "health":
-        url = f"http://127.0.0.1:{os.environ['PORT']}/health"
+        host = os.environ.get("HOST", "0.0.0.0")
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{os.environ['PORT']}/health"
         with urllib.request.urlopen(url, timeout=5) as response:
             sys.exit(0 if response.status == 200 else 1)
     elif role == "worker":

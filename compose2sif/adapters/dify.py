@@ -1,0 +1,205 @@
+"""Dify (langgenius/dify-*): its own images, and the Dify preset for the general images its compose
+uses in its own way (nginx and squid through entrypoint scripts copied into the image, a busybox
+one-shot that chowns). The preset is on when a project has a langgenius/dify-* image.
+
+What Dify's entrypoints do is done here at convert time, so nothing is written into an image:
+- nginx (docker/nginx/docker-entrypoint.sh): HTTPS_CONFIG from https.conf.template when
+  NGINX_HTTPS_ENABLED=true, ACME_CHALLENGE_LOCATION when the certbot challenge is on, envsubst of
+  the defined variables over /etc/nginx/{nginx,proxy}.conf.template and conf.d/*.template, then
+  `nginx -g 'daemon off;'`;
+- squid (docker/ssrf_proxy/*entrypoint.sh): envsubst over /etc/squid/*.template, the private
+  allow-list from SSRF_PROXY_ALLOW_PRIVATE_IPS/_DOMAINS, then squid in the foreground.
+"""
+import os
+import re
+from typing import Dict, List
+
+from compose2sif.adapters import nginx
+from compose2sif.adapters.base import Adapter, Draft
+from compose2sif.plan.knobs import Knob
+from compose2sif.plan.types import Bind
+
+PRESET = "dify"
+MOUNTED_ENTRYPOINT = "/docker-entrypoint-mount.sh"
+
+# Public defaults of Dify's secrets (docker-compose.yaml and .env.example of 1.17)
+SECRETS = {
+    "SECRET_KEY": "sk-9f73s3ljTXVcMT3Blb3ljTqtsKiGHXVcMT3BlbkFJLK7U",
+    "DB_PASSWORD": "difyai123456",
+    "REDIS_PASSWORD": "difyai123456",
+    "SANDBOX_API_KEY": "dify-sandbox",
+    "PLUGIN_DAEMON_KEY": "lYkiYYT6owG+71oLerGzA7GXCgOT++6ovaezWAjpCjf+Sjc3ZtU+qUEi",
+    "PLUGIN_DIFY_INNER_API_KEY": "QaHbTe77CtuXmsfyhR7+vRjI/+XbV1AaFy691iy+kGDv2Jvy0/eAh8Y1",
+    "DIFY_AGENT_SERVER_SECRET_KEY": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY",
+    "DIFY_AGENT_API_TOKEN": "dify-agent-run-token-for-dev-only",
+    "DIFY_AGENT_LOCAL_SANDBOX_AUTH_TOKEN": "",
+    "WEAVIATE_AUTHENTICATION_APIKEY_ALLOWED_KEYS": "WVF5YThaHlkYwhGUSmCRgsX3tD5ngdN8pkih",
+}
+
+API = Adapter(
+    family="dify-api",
+    images=r"dify-api$",
+    ports={5001: Knob("env", "DIFY_PORT", "{port}")},
+    address=Knob("env", "DIFY_BIND_ADDRESS", "{address}"),
+    writable=("/app/logs",),
+    workdir="/app/api",
+    secrets=SECRETS,
+)
+WEB = Adapter(
+    family="dify-web",
+    images=r"dify-web$",
+    ports={3000: Knob("env", "PORT", "{port}")},
+    address=Knob("env", "HOSTNAME", "{address}"),
+    workdir="/app/web",
+)
+PLUGIN_DAEMON = Adapter(
+    family="dify-plugin-daemon",
+    images=r"dify-plugin-daemon$",
+    ports={5002: Knob("env", "SERVER_PORT", "{port}"), 5003: Knob("env", "PLUGIN_REMOTE_INSTALLING_PORT", "{port}")},
+    address=Knob("env", "SERVER_HOST", "{address}"),
+    workdir="/app",
+)
+SANDBOX = Adapter(
+    family="dify-sandbox",
+    images=r"dify-sandbox$",
+    ports={8194: Knob("env", "SANDBOX_PORT", "{port}")},
+    workdir="/main",
+    writable=("/var/sandbox",),
+)
+
+
+class Nginx(nginx.Nginx):
+    """nginx behind Dify's entrypoint script (see the module's docstring)."""
+
+    def render_environment(self, draft: Draft) -> Dict[str, str]:
+        env = dict(draft.environment)
+        original = draft.service.environment
+        for key in ("NGINX_PORT", "NGINX_SSL_PORT"):  # the container ports: `listen` follows the plan
+            if original.get(key):
+                env[key] = original[key]
+        upstream = env.get("NGINX_SOCKET_IO_UPSTREAM", "")
+        if upstream and upstream.rsplit(":", 1)[0] not in draft.refs.service_of:
+            env["NGINX_SOCKET_IO_UPSTREAM"] = "api:5001"  # api_websocket's profile is off: the api serves it
+        env["ACME_CHALLENGE_LOCATION"] = (
+            "location /.well-known/acme-challenge/ { root /var/www/html; }"
+            if env.get("NGINX_ENABLE_CERTBOT_CHALLENGE") == "true" else "")
+        env["HTTPS_CONFIG"] = ""
+        if env.get("NGINX_HTTPS_ENABLED") == "true":
+            domain = env.get("CERTBOT_DOMAIN")
+            env["SSL_CERTIFICATE_PATH"] = (f"/etc/letsencrypt/live/{domain}/fullchain.pem" if domain else
+                                           f"/etc/ssl/{env.get('NGINX_SSL_CERT_FILENAME', 'dify.crt')}")
+            env["SSL_CERTIFICATE_KEY_PATH"] = (f"/etc/letsencrypt/live/{domain}/privkey.pem" if domain else
+                                               f"/etc/ssl/{env.get('NGINX_SSL_CERT_KEY_FILENAME', 'dify.key')}")
+            source = _bound_source(draft, "/etc/nginx/https.conf.template")
+            if source is not None:
+                with open(source, encoding="utf-8", errors="replace") as fh:
+                    env["HTTPS_CONFIG"] = nginx.envsubst(fh.read().replace("\r\n", "\n"), env)
+        return env
+
+    def finish(self, draft: Draft) -> None:
+        if _runs_mounted_entrypoint(draft):
+            draft.binds = [b for b in draft.binds if b.target != MOUNTED_ENTRYPOINT]
+            draft.launch = ["nginx", "-g", "daemon off;"]
+        super().finish(draft)
+
+
+class Squid(Adapter):
+    """Dify's SSRF proxies: squid with templates rendered here, on its own address, and a private
+    allow-list that covers the model servers of the stack (and --ssrf-allow)."""
+
+    def finish(self, draft: Draft) -> None:
+        if not _runs_mounted_entrypoint(draft):
+            return
+        draft.binds = [b for b in draft.binds if b.target != MOUNTED_ENTRYPOINT]
+        env = dict(draft.environment)
+        endpoint = draft.endpoints.get(int(draft.service.environment.get("HTTP_PORT") or 3128))
+        root = f"config/{draft.name}/squid"
+        kept: List[Bind] = []
+        rendered = []
+        for bind in draft.binds:
+            if bind.kind == "bind" and bind.target.startswith("/etc/squid/") and bind.target.endswith(".template") \
+                    and os.path.isfile(bind.source):
+                with open(bind.source, encoding="utf-8", errors="replace") as fh:
+                    text = nginx.envsubst(fh.read().replace("\r\n", "\n"), env)
+                if endpoint is not None:
+                    text = re.sub(r"(?m)^(\s*http_port\s+)\S+", rf"\g<1>{endpoint.address}:{endpoint.host}", text)
+                text = re.sub(r"(?m)^(\s*tcp_outgoing_address\s+)0\.0\.0\.0\b.*$", r"# \g<0>  (compose2sif: any)",
+                              text)
+                target = bind.target[: -len(".template")]
+                draft.configs[f"{root}{target}"] = draft.refs.rewrite(text, draft.name)
+                rendered.append(target)
+            else:
+                kept.append(bind)
+        draft.configs[f"{root}/etc/squid/dify_allow_private.conf"] = _private_allow_list(draft, env)
+        rendered.append("/etc/squid/dify_allow_private.conf")
+        for include in sorted(set(re.findall(r"(?m)^\s*include\s+(/etc/squid/\S+)", "".join(
+                draft.configs[f"{root}{t}"] for t in rendered)))):
+            if include not in rendered:  # written by the entrypoint from settings this stack leaves empty
+                draft.configs[f"{root}{include}"] = "# compose2sif: empty (Dify's entrypoint writes it only when " \
+                                                    "its settings are given)\n"
+                rendered.append(include)
+        draft.binds = kept + [Bind(f"{root}{t}", t, True, "config", False) for t in rendered]
+        draft.launch = ["squid", "-NYC", "-f", "/etc/squid/squid.conf"]
+
+
+def _private_allow_list(draft: Draft, env: Dict[str, str]) -> str:
+    """What Dify's entrypoint writes to dify_allow_private.conf (included before `deny
+    to_private_networks`), plus the model servers of this stack and the user's --ssrf-allow."""
+    ips = [x.strip() for x in env.get("SSRF_PROXY_ALLOW_PRIVATE_IPS", "").split(",") if x.strip()]
+    domains = [x.strip() for x in env.get("SSRF_PROXY_ALLOW_PRIVATE_DOMAINS", "").split(",") if x.strip()]
+    network = draft.refs.network
+    for service, family in (draft.options.get("model_servers") or {}).items():
+        if network is not None and service in network.own:
+            ips.append(f"{network.names_address(service)}/32")
+    for item in draft.options.get("ssrf_allow") or []:
+        (ips if re.fullmatch(r"[0-9a-fA-F.:/]+", item) else domains).append(item)
+    lines = ["# compose2sif: private destinations Dify's SSRF proxy may reach (model servers, --ssrf-allow)"]
+    if ips:
+        lines += [f"acl allowed_private_ips dst {' '.join(dict.fromkeys(ips))}", "http_access allow allowed_private_ips"]
+    if domains:
+        lines += [f"acl allowed_private_domains dstdomain {' '.join(dict.fromkeys(domains))}",
+                  "http_access allow allowed_private_domains"]
+    return "\n".join(lines) + "\n"
+
+
+class InitPermissions(Adapter):
+    """`init_permissions` chowns Dify's storage to uid 1001. Under Apptainer every file is the user's
+    and every service runs as the user, so there is nothing to do (and chown would fail)."""
+
+    def finish(self, draft: Draft) -> None:
+        if draft.launch and any("chown" in arg for arg in draft.launch):
+            draft.launch = ["/bin/sh", "-c", "exit 0"]
+            draft.warnings.append(f"service {draft.name!r}: its chown is not needed (every file and service is "
+                                  "yours under Apptainer); it completes at once")
+
+
+def _runs_mounted_entrypoint(draft: Draft) -> bool:
+    return any(b.target == MOUNTED_ENTRYPOINT for b in draft.binds) and any(
+        MOUNTED_ENTRYPOINT in arg for arg in draft.launch or [])
+
+
+def _bound_source(draft: Draft, target: str):
+    return next((b.source for b in draft.binds if b.target == target and os.path.isfile(b.source)), None)
+
+
+NGINX = Nginx(
+    family="dify-nginx",
+    images=nginx.ADAPTER.images,
+    ports={80: Knob("config", "nginx listen"), 443: Knob("config", "nginx listen")},
+    address=Knob("config", "nginx listen"),
+    per_port_address=True,
+    writable=nginx.ADAPTER.writable,
+    workdir="/",
+    preset=PRESET,
+)
+SQUID = Squid(
+    family="dify-squid",
+    images=r"(^|/)squid$",
+    ports={3128: Knob("config", "squid http_port")},
+    address=Knob("config", "squid http_port"),
+    writable=("/var/log/squid", "/var/spool/squid", "/var/cache/squid", "/run"),
+    workdir="/",
+    preset=PRESET,
+)
+BUSYBOX = InitPermissions(family="dify-init-permissions", images=r"(^|/)busybox$", workdir="/", preset=PRESET)
+ADAPTERS = [API, WEB, PLUGIN_DAEMON, SANDBOX, NGINX, SQUID, BUSYBOX]

@@ -1,0 +1,212 @@
+"""nginx: its config files, rendered on the host.
+
+Inside an Apptainer instance the image is read-only, so nginx's entrypoint cannot write the
+configs it renders from templates. We do that work here, with the official image's rules
+(``envsubst`` over the variables the service defines, ``/etc/nginx/templates/*.template`` to
+``/etc/nginx/conf.d/*``), and bind the results read-only. Every config we render or copy also
+follows the plan: each ``listen`` gets its port's planned address and port, and ``proxy_pass``/
+``upstream`` references to other services their planned ports.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Dict, List, Tuple
+
+from compose2sif.adapters.base import Adapter, Draft
+from compose2sif.plan.knobs import Knob
+from compose2sif.plan.types import Bind
+
+
+class Nginx(Adapter):
+    def configurable(self, service) -> bool:
+        return any(m.type == "bind" and m.target.startswith("/etc/nginx") for m in service.mounts)
+
+    def render_environment(self, draft: Draft) -> Dict[str, str]:
+        """The variables templates are rendered with (the official image: the service's own)."""
+        return draft.environment
+
+    def finish(self, draft: Draft) -> None:
+        rendered, draft.binds, warnings = render_configs(draft, self.render_environment(draft))
+        draft.warnings += warnings
+        draft.configs.update(rendered)
+        if draft.tls:
+            draft.binds = _add_tls(draft)
+
+
+ADAPTER = Nginx(
+    family="nginx",
+    images=r"(^|/)nginx(-unprivileged)?$|openresty",
+    ports={80: Knob("config", "nginx listen"), 443: Knob("config", "nginx listen")},
+    address=Knob("config", "nginx listen"),
+    per_port_address=True,
+    writable=("/var/cache/nginx", "/var/run", "/run", "/var/log/nginx", "/var/lib/nginx"),
+    workdir="/",  # the image's WORKDIR
+)
+
+TEMPLATE_DIR = "/etc/nginx/templates"
+OUTPUT_DIR = "/etc/nginx/conf.d"
+SUFFIX = ".template"
+
+
+def envsubst(text: str, env: Dict[str, str]) -> str:
+    """`envsubst "$defined_envs"`: replace $VAR and ${VAR} for defined variables only."""
+    return re.sub(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))",
+                  lambda m: env.get(m.group(1) or m.group(2), m.group(0)), text)
+
+
+def rewrite_ports(text: str, draft: Draft) -> str:
+    """Apply the plan to one nginx config: listen directives, then references to other services."""
+    def listen(m: "re.Match[str]") -> str:
+        address, port, rest = m.group(2), int(m.group(3)), m.group(4)
+        endpoint = draft.endpoints.get(port)
+        if endpoint is None:
+            return m.group(0)
+        if address and address.startswith("["):
+            if endpoint.address in ("0.0.0.0", "::"):
+                return f"{m.group(1)}[::]:{endpoint.host}{rest}"
+            return f"# {m.group(0)}  (compose2sif: this server listens on {endpoint.address} only)"
+        directive = f"{m.group(1)}{endpoint.address}:{endpoint.host}{rest}"
+        if endpoint.address not in ("0.0.0.0", "::", draft.own_address):  # published on one address:
+            directive += f" {m.group(1)}{draft.own_address}:{endpoint.host}{rest}"  # its names point here
+        return directive
+
+    text = re.sub(r"(\blisten\s+)(?:(\[[^\]]*\]|[\w.-]+):)?(\d+)([^;]*;)", listen, text)
+    text = draft.refs.rewrite(text, draft.name)
+    return _without_docker_resolver(text, draft)
+
+
+def _without_docker_resolver(text: str, draft: Draft) -> str:
+    """`resolver 127.0.0.11` is Docker's DNS, which does not exist here, and nginx resolves a variable
+    upstream (`set $u api:5001; proxy_pass http://$u;`) only through a resolver, never /etc/hosts.
+    Such upstreams become the planned address and port, which need no resolver."""
+    if "127.0.0.11" not in text:
+        return text
+    network = draft.refs.network
+
+    def literal(m: "re.Match[str]") -> str:
+        service = draft.refs.service_of.get(m.group(2))
+        if service is None or network is None:
+            draft.warnings.append(f"service {draft.name!r}: nginx upstream {m.group(2)}:{m.group(3)} is no service "
+                                  "of this project; requests for it will fail")
+            return m.group(0)
+        port = draft.refs.port_of(m.group(2), int(m.group(3))) or int(m.group(3))
+        return f"{m.group(1)}{network.names_address(service)}:{port};"
+
+    text = re.sub(r"(\bset\s+\$\w+\s+)([A-Za-z_][\w.-]*):(\d+)\s*;", literal, text)
+    return re.sub(r"[ \t]*\bresolver\s+127\.0\.0\.11\b[^;]*;[ \t]*\n?", "", text)
+
+
+def _render_file(path: str, draft: Draft, env: Dict[str, str], template: bool) -> str:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        text = fh.read().replace("\r\n", "\n")
+    if template:
+        text = envsubst(text, env)
+    return rewrite_ports(text, draft)
+
+
+def render_configs(draft: Draft, env: Dict[str, str]) -> Tuple[Dict[str, str], List[Bind], List[str]]:
+    """Render and rewrite the nginx configs mounted into the service.
+
+    Returns (files: path in the output dir -> content, the service's new binds, warnings). Each
+    file lives at ``config/<service>/root/<its path in the instance>``; a mounted directory, and
+    ``/etc/nginx/conf.d`` when templates were rendered into it, is bound as a directory.
+    """
+    service, binds = draft.service, draft.binds
+    root = f"config/{service.name}/root"
+    targets: Dict[str, str] = {}         # path in the instance -> content
+    bound_dirs: List[str] = []
+    warnings: List[str] = []
+    kept = []
+    for bind in binds:
+        if bind.kind != "bind" or not bind.target.startswith("/etc/nginx"):
+            kept.append(bind)
+            continue
+        if os.path.isdir(bind.source):
+            bound_dirs.append(bind.target)
+            for folder, _, files in os.walk(bind.source):
+                for file in sorted(files):
+                    path = os.path.join(folder, file)
+                    _add(targets, path, os.path.join(bind.target, os.path.relpath(path, bind.source)), draft, env)
+        elif os.path.isfile(bind.source):
+            if not _add(targets, bind.source, bind.target, draft, env):
+                kept.append(bind)
+        else:
+            warnings.append(f"service {service.name!r}: {bind.source} (mounted at {bind.target}) does not exist; "
+                            "no nginx config rendered from it")
+            kept.append(bind)
+    if any(t.startswith(OUTPUT_DIR + "/") for t in targets) and OUTPUT_DIR not in bound_dirs:
+        bound_dirs.append(OUTPUT_DIR)
+    files = {f"{root}{target}": content for target, content in targets.items()}
+    for directory in bound_dirs:
+        kept.append(Bind(f"{root}{directory}", directory, True, "config", False))
+    for target in sorted(targets):
+        if not any(target.startswith(d.rstrip("/") + "/") for d in bound_dirs):
+            kept.append(Bind(f"{root}{target}", target, True, "config", False))
+    return files, kept, warnings
+
+
+def _add(targets: Dict[str, str], path: str, target: str, draft: Draft, env: Dict[str, str]) -> bool:
+    if target.endswith(SUFFIX):
+        rendered = target[: -len(SUFFIX)]
+        if target.startswith(TEMPLATE_DIR + "/"):
+            rendered = OUTPUT_DIR + rendered[len(TEMPLATE_DIR):]
+        targets[rendered] = _render_file(path, draft, env, template=True)
+        return True
+    if path.endswith(".conf") or os.path.basename(target) in ("nginx.conf", "default.conf"):
+        targets[target] = _render_file(path, draft, env, template=False)
+        return True
+    return False
+
+
+TLS_DIR = "/etc/compose2sif/tls"
+
+
+def tls_config(address: str, tls_port: int, upstream: str) -> str:
+    """A TLS server in front of the service's own plain HTTP listener."""
+    return f"""# compose2sif --tls: HTTPS on {address}:{tls_port}, forwarded to this nginx's own HTTP listener
+map $http_upgrade $c2s_connection {{
+    default upgrade;
+    ''      close;
+}}
+server {{
+    listen {address}:{tls_port} ssl;
+    ssl_certificate {TLS_DIR}/cert.pem;
+    ssl_certificate_key {TLS_DIR}/key.pem;
+    ssl_protocols TLSv1.2 TLSv1.3;
+    client_max_body_size 0;
+    location / {{
+        proxy_pass http://{upstream};
+        proxy_http_version 1.1;
+        proxy_set_header Host $host;
+        proxy_set_header X-Forwarded-Proto https;
+        proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+        proxy_set_header Upgrade $http_upgrade;
+        proxy_set_header Connection $c2s_connection;
+        proxy_read_timeout 3600s;
+    }}
+}}
+"""
+
+
+def _add_tls(draft: Draft) -> List[Bind]:
+    """HTTPS for an nginx service: a TLS server on its port 443 plan, forwarding to its port 80."""
+    http, tls = draft.endpoints.get(80), draft.endpoints.get(443)
+    if http is None or tls is None:
+        draft.warnings.append(f"service {draft.name!r}: --tls needs nginx listening on port 80; HTTPS not added")
+        return draft.binds
+    published = http.published or tls.published
+    address = tls.address if tls.published else ("0.0.0.0" if published else http.address)
+    tls.address, tls.published = address, published
+    draft.tls_ports[draft.name] = tls.host
+    extra = [Bind("tls", TLS_DIR, True, "config", False)]
+    conf_d = next((b for b in draft.binds if b.target == "/etc/nginx/conf.d" and b.kind == "config"), None)
+    upstream = http.address if http.address not in ("0.0.0.0", "::") else "127.0.0.1"
+    config = tls_config(address, tls.host, f"{upstream}:{http.host}")
+    if conf_d is not None:  # our rendered conf.d is bound: the TLS server goes into it
+        draft.configs[f"{conf_d.source}/compose2sif-tls.conf"] = config
+    else:
+        path = f"config/{draft.name}/tls/compose2sif-tls.conf"
+        draft.configs[path] = config
+        extra.append(Bind(path, "/etc/nginx/conf.d/compose2sif-tls.conf", True, "config", False))
+    return draft.binds + extra

@@ -1,0 +1,11 @@
+"""Squid (Dify's SSRF proxy image reads HTTP_PORT in its entrypoint)."""
+from compose2sif.adapters.base import Adapter
+from compose2sif.plan.knobs import Knob
+
+ADAPTER = Adapter(
+    family="squid",
+    images=r"(^|/)squid$",
+    ports={3128: Knob("env", "HTTP_PORT", "{port}")},
+    writable=("/var/log/squid", "/var/spool/squid", "/run", "/etc/squid"),
+    workdir="/",  # the image's WORKDIR
+)

@@ -1,0 +1,389 @@
+"""The network plan: every service gets its own loopback address and keeps its ports.
+
+Rootless Apptainer instances share the node's network namespace, and every user of the node shares
+it too. All of 127.0.0.0/8 is loopback on Linux and an unprivileged user may bind any address in it,
+so each service listens on an address of its own in a /24 block that belongs to this user and
+project, and the hosts file maps its names there. Its ports stay what the compose file says, so its
+clients reach it however they learn the port. A port moves (into this user's and project's block
+of 100 ports) only where that cannot work:
+
+- it is privileged (<1024);
+- it is published on another host port (``8080:80``);
+- the service cannot be told its address, so it holds the port on every address (0.0.0.0), while
+  another service of the project, or something already on the node, uses that port.
+
+A move needs a knob (knobs.py). Two services that cannot be separated, and a privileged port that
+cannot move, are errors naming both sides, the evidence and the x-compose2sif hint that fixes it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+from compose2sif.errors import ComposeError
+from compose2sif.plan.knobs import Knob
+
+PORT_BLOCK = 100
+FIRST_BLOCK_PORT = 20000
+BLOCKS = 300                      # port blocks start at 20000 .. 49900
+ADDRESS_BLOCKS = 254 * 256        # 127.1.0.0/24 .. 127.254.255.0/24
+WILDCARD = "0.0.0.0"
+IMAGE_EXPOSE, IMAGE_DEFAULT = "image EXPOSE", "image default"
+OPTIONAL_EVIDENCE = (IMAGE_EXPOSE, IMAGE_DEFAULT)  # an image may never open such a port: not checked at run time
+
+
+def default_port_base(project: str, uid: Optional[int] = None) -> int:
+    """The first port of this user's and project's block of moved ports."""
+    uid = os.getuid() if uid is None else uid
+    return FIRST_BLOCK_PORT + (uid * 7919 + zlib.crc32(project.encode())) % BLOCKS * PORT_BLOCK
+
+
+def default_address_block(project: str, uid: Optional[int] = None) -> str:
+    """This user's and project's /24 of loopback addresses, as its first three octets (127.A.B)."""
+    uid = os.getuid() if uid is None else uid
+    index = (uid * 104729 + zlib.crc32(project.encode())) % ADDRESS_BLOCKS
+    return f"127.{1 + index // 256}.{index % 256}"
+
+
+def free_address_block(project: str, busy: Iterable[Tuple[str, int]], uid: Optional[int] = None) -> str:
+    """The user's and project's block, or the next one where nothing on the node listens yet: two
+    users whose blocks hash alike still never share one on the same node."""
+    used = {address.rsplit(".", 1)[0] for address, _ in busy if address.startswith("127.")}
+    first = default_address_block(project, uid)
+    index = (int(first.split(".")[1]) - 1) * 256 + int(first.split(".")[2])
+    for step in range(ADDRESS_BLOCKS):
+        n = (index + step) % ADDRESS_BLOCKS
+        block = f"127.{1 + n // 256}.{n % 256}"
+        if block not in used:
+            return block
+    return first
+
+
+def parse_address_block(text: str) -> str:
+    """`127.45.3`, `127.45.3.0` or `127.45.3.0/24` -> `127.45.3`."""
+    match = re.fullmatch(r"127\.(\d{1,3})\.(\d{1,3})(?:\.0)?(?:/24)?", text.strip())
+    if not match or not 0 < int(match.group(1)) < 256 or int(match.group(2)) > 255:
+        raise ComposeError(f"--address-block {text}: expected a /24 inside 127.0.0.0/8 other than 127.0.0.0/24, "
+                           "such as 127.45.3.0/24")
+    return f"127.{int(match.group(1))}.{int(match.group(2))}"
+
+
+def _hex_address(text: str) -> str:
+    if len(text) == 8:  # IPv4, little-endian
+        return ".".join(str(int(text[i:i + 2], 16)) for i in (6, 4, 2, 0))
+    words = [text[i:i + 8] for i in range(0, 32, 8)]
+    if words[:2] == ["00000000", "00000000"] and words[2] == "FFFF0000":
+        return _hex_address(words[3])  # ::ffff:a.b.c.d
+    if all(w == "00000000" for w in words):
+        return "::"
+    return "::1" if words == ["00000000"] * 3 + ["01000000"] else "ipv6"
+
+
+def node_listeners() -> Set[Tuple[str, int]]:
+    """(address, port) of every TCP socket listening on this node, any user (/proc/net/tcp{,6})."""
+    found: Set[Tuple[str, int]] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                next(fh, None)
+                for line in fh:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[3] == "0A":
+                        address, port = fields[1].rsplit(":", 1)
+                        found.add((_hex_address(address), int(port, 16)))
+        except OSError:
+            continue
+    return found
+
+
+def overlaps(a: Tuple[str, int], b: Tuple[str, int]) -> bool:
+    """Two listeners on one port collide when their addresses are equal or either is a wildcard."""
+    wild = (WILDCARD, "::")
+    return a[1] == b[1] and (a[0] == b[0] or a[0] in wild or b[0] in wild)
+
+
+@dataclass
+class Listen:
+    """One port a service listens on, with what says so."""
+    port: int
+    evidence: List[str]
+    knob: Optional[Knob]              # how to move it; None: it cannot be moved
+    published: Optional[str] = None   # compose's published spec ("8080", "" for ephemeral) or None
+    host_ip: Optional[str] = None
+    weak: bool = False                # seen only in the image's EXPOSE or a `*_PORT` variable
+
+
+@dataclass
+class ServiceNet:
+    """What the planner knows of one service's network before deciding."""
+    name: str
+    names: List[str]                  # service name, container_name, hostname, aliases
+    listens: Dict[int, Listen]
+    address_knobs: List[Knob]         # empty: it cannot be told an address and listens on all of them
+    per_port_address: bool = False    # each port can listen on an address of its own (nginx's `listen`)
+
+
+@dataclass
+class Endpoint:
+    container: int
+    host: int                         # the port it listens on
+    address: str                      # the address it listens on
+    published: bool
+    knob: Optional[Knob]
+    evidence: List[str]
+    required: bool                    # something says it listens there (not only the image's EXPOSE)
+
+    @property
+    def moved(self) -> bool:
+        return self.host != self.container
+
+
+@dataclass
+class NetworkPlan:
+    address_block: str
+    port_base: int
+    own: Dict[str, str]                             # service -> its own loopback address
+    address: Dict[str, str]                         # service -> the address it is told (or 0.0.0.0)
+    endpoints: Dict[str, Dict[int, Endpoint]]       # service -> container port -> endpoint
+    warnings: List[str] = field(default_factory=list)
+
+    def names_address(self, service: str) -> str:
+        """Where the service's names point: its address, or its own one when it listens on all."""
+        address = self.address[service]
+        return self.own[service] if address in (WILDCARD, "::") else address
+
+
+def _hint_for(service: str, port: int, address: bool) -> str:
+    ports = f'x-compose2sif: {{ports: {{"{port}": {{env: VAR}}}}}}'
+    text = (f"add to service {service!r} `{ports}` naming the variable it reads its port from "
+            f"(or `{{flag: --its-port-option}}`)")
+    if address:
+        text += ", or `x-compose2sif: {bind_address: {env: VAR}}` naming the variable it reads its listen address from"
+    return text
+
+
+def _evidence(listen: Listen) -> str:
+    return ", ".join(listen.evidence)
+
+
+def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
+                 busy: Iterable[Tuple[str, int]]) -> NetworkPlan:
+    """Decide every service's address and every endpoint. Deterministic for the same input."""
+    busy = set(busy)
+    if len(services) > 253:
+        raise ComposeError(f"{len(services)} services do not fit the address block {address_block}.0/24")
+    warnings: List[str] = []
+    own = {s.name: f"{address_block}.{i + 2}" for i, s in enumerate(sorted(services, key=lambda s: s.name))}
+    address: Dict[str, str] = {}
+    for s in services:
+        published = {(l.host_ip or WILDCARD) for l in s.listens.values() if l.published is not None}
+        if not s.address_knobs:
+            address[s.name] = WILDCARD
+        elif s.per_port_address or not published:
+            address[s.name] = own[s.name]
+        elif WILDCARD in published or "::" in published:
+            address[s.name] = WILDCARD
+        else:
+            address[s.name] = sorted(published)[0]
+
+    # Where each port wants to be, before clashes: its own port, or the published one.
+    wanted: List[Tuple[ServiceNet, Listen, str, int, str]] = []   # (service, listen, address, port, why it moved)
+    for s in sorted(services, key=lambda s: s.name):
+        for port, listen in sorted(s.listens.items()):
+            where = ((listen.host_ip or WILDCARD) if listen.published is not None and s.per_port_address
+                     else address[s.name])
+            host, why = port, ""
+            number = listen.published if listen.published and listen.published.isdigit() else None
+            if number is not None and int(number) != port:
+                if listen.knob is not None:
+                    host, why = int(number), f"published as {number}"
+                else:
+                    warnings.append(f"service {s.name!r}: port {port} is published as {number}, but compose2sif "
+                                    f"cannot tell it another port; it is served on {where}:{port} "
+                                    f"({_hint_for(s.name, port, False)})")
+            if host < 1024:
+                if listen.knob is None:
+                    message = (f"service {s.name!r} listens on port {host} (seen in: {_evidence(listen)}), which an "
+                               f"unprivileged user cannot bind, and compose2sif cannot move it: "
+                               f"{_hint_for(s.name, port, False)}")
+                    if listen.weak:
+                        warnings.append(message)
+                        continue
+                    raise ComposeError(message, path=f"services.{s.name}")
+                host, why = -1, f"port {port} is privileged"
+            wanted.append((s, listen, where, host, why))
+
+    # Fixed endpoints claim their place first; movable ones step aside when they clash.
+    taken: List[Tuple[Tuple[str, int], str, Listen]] = []   # ((address, port), service, listen)
+    endpoints: Dict[str, Dict[int, Endpoint]] = {s.name: {} for s in services}
+    next_port = [port_base]
+
+    def clash(point: Tuple[str, int]):
+        return next(((svc, l) for p, svc, l in taken if overlaps(p, point)), None)
+
+    def free_port(where: str) -> int:
+        while any(overlaps((where, next_port[0]), p) for p, _, _ in taken) or \
+                any(overlaps((where, next_port[0]), b) for b in busy):
+            next_port[0] += 1
+        if next_port[0] == port_base + PORT_BLOCK:
+            warnings.append(f"the port block {port_base}-{port_base + PORT_BLOCK - 1} is full; using ports above it")
+        next_port[0] += 1
+        return next_port[0] - 1
+
+    def record(s: ServiceNet, listen: Listen, where: str, host: int) -> None:
+        taken.append(((where, host), s.name, listen))
+        endpoints[s.name][listen.port] = Endpoint(
+            listen.port, host, where, listen.published is not None, listen.knob, list(listen.evidence),
+            required=any(e not in OPTIONAL_EVIDENCE for e in listen.evidence))
+
+    for s, listen, where, host, why in [w for w in wanted if w[1].knob is None]:
+        other = clash((where, host))
+        if other is not None:
+            svc, theirs = other
+            message = (f"services {svc!r} and {s.name!r} both listen on port {host} "
+                       f"({svc}: {_evidence(theirs)}; {s.name}: {_evidence(listen)})"
+                       + (" on all interfaces" if WILDCARD in (where, address.get(svc)) else "")
+                       + f" and neither can be moved: {_hint_for(s.name, listen.port, where == WILDCARD)}")
+            if listen.weak or theirs.weak:
+                warnings.append(message)
+            else:
+                raise ComposeError(message, path=f"services.{s.name}")
+        holder = next((b for b in busy if overlaps(b, (where, host))), None)
+        if holder is not None:
+            warnings.append(f"service {s.name!r}: {where}:{host} is taken on this node now (by a listener on "
+                            f"{holder[0]}:{holder[1]}); `up` will fail unless it is free then "
+                            f"({_hint_for(s.name, listen.port, where == WILDCARD)})")
+        record(s, listen, where, host)
+
+    for s, listen, where, host, why in [w for w in wanted if w[1].knob is not None]:
+        if host != -1:
+            other = clash((where, host))
+            holder = next((b for b in busy if overlaps(b, (where, host))), None)
+            if other is None and holder is None:
+                record(s, listen, where, host)
+                continue
+            why = (f"port {host} is also used by service {other[0]!r}" if other is not None
+                   else f"port {host} is taken on this node now, by a listener on {holder[0]}")
+        new = free_port(where)
+        record(s, listen, where, new)
+        if all(e in OPTIONAL_EVIDENCE for e in listen.evidence):
+            continue  # a port only the image's defaults name: nothing to tell the user yet
+        published = f"published port {listen.published or listen.port}: " if listen.published is not None else ""
+        warnings.append(f"service {s.name!r}: {published}port {listen.port} is served on {where}:{new} ({why}); "
+                        f"it is told through {listen.knob.describe()}")
+
+    for s in services:
+        for endpoint in endpoints[s.name].values():
+            if endpoint.address in (WILDCARD, "::"):
+                if endpoint.published:
+                    warnings.append(f"service {s.name!r} is published on all interfaces: {endpoint.address}:"
+                                    f"{endpoint.host} (published in the compose file)")
+                else:
+                    warnings.append(f"service {s.name!r} listens on all interfaces ({endpoint.address}:{endpoint.host}):"
+                                    f" compose2sif cannot tell it an address, so other users of the node can reach "
+                                    f"it (add `x-compose2sif: {{bind_address: {{env: VAR}}}}`)")
+    return NetworkPlan(address_block, port_base, own, address, endpoints, _dedupe(warnings))
+
+
+def _dedupe(items: List[str]) -> List[str]:
+    return list(dict.fromkeys(items))
+
+
+# ---- references ----------------------------------------------------------------------------
+
+_SCHEME_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+class References:
+    """Rewrites references to moved ports: ``name:port`` (also inside URLs with credentials),
+    ``http://name/`` (port 80 implied), a service's own ``localhost:port``, and FOO_HOST/FOO_PORT pairs."""
+
+    def __init__(self, names: Dict[str, List[str]], network: Optional[NetworkPlan] = None):
+        """Without ``network``: only finds references (``references``), before the plan is made."""
+        self.network = network
+        self.service_of: Dict[str, str] = {}
+        for service, aliases in names.items():
+            for alias in aliases:
+                self.service_of.setdefault(alias, service)
+        self.moved: Dict[str, Dict[int, int]] = {}
+        for service, endpoints in (network.endpoints if network else {}).items():
+            for port, endpoint in endpoints.items():
+                if endpoint.moved:
+                    self.moved.setdefault(service, {})[port] = endpoint.host
+        aliases = sorted(self.service_of, key=len, reverse=True)
+        alternatives = "|".join(re.escape(n) for n in aliases)
+        self._named = re.compile(r"(?<![\w.-])(" + alternatives + r"):(\d{1,5})(?!\d)") if aliases else None
+        self._bare = re.compile(r"\b(https?|wss?)://((?:[^\s/@'\"]*@)?)(" + alternatives + r")(?=[/\s'\";]|$)") \
+            if aliases else None
+
+    def port_of(self, name: str, port: int) -> Optional[int]:
+        service = self.service_of.get(name)
+        return self.moved.get(service or "", {}).get(port)
+
+    def references(self, text: str) -> List[Tuple[str, int]]:
+        """(service, port) of every ``name:port`` and bare ``http://name`` in the text."""
+        found = []
+        if self._named is not None:
+            upstreams = _upstreams(text)
+            found += [(self.service_of[m.group(1)], int(m.group(2))) for m in self._named.finditer(text)]
+            found += [(self.service_of[m.group(3)], _SCHEME_PORTS[m.group(1)]) for m in self._bare.finditer(text)
+                      if m.group(3) not in upstreams]
+        return found
+
+    def rewrite(self, text: str, service: Optional[str] = None, own_host: bool = False) -> str:
+        """Rewrite references to other services' moved ports, and to the service's own ports through
+        localhost (``own_host``: also point them at the address it is told, for its healthcheck)."""
+        if self._named is not None and self.moved:
+            text = self._named.sub(
+                lambda m: f"{m.group(1)}:{self.port_of(m.group(1), int(m.group(2))) or m.group(2)}", text)
+            upstreams = _upstreams(text)
+            text = self._bare.sub(lambda m: m.group(0) if m.group(3) in upstreams else self._bare_url(m), text)
+        if service is not None and self.network is not None:
+            endpoints = self.network.endpoints.get(service, {})
+            address = self.network.address.get(service, WILDCARD)
+            host_for = (lambda h: address) if own_host and address not in (WILDCARD, "::") else (lambda h: h)
+
+            def own(m: "re.Match[str]") -> str:
+                endpoint = endpoints.get(int(m.group(2)))
+                if endpoint is None:
+                    return m.group(0)
+                return f"{host_for(m.group(1))}:{endpoint.host}"
+            text = re.sub(r"(?<![\w.-])(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):(\d{1,5})(?!\d)", own, text)
+            if own_host and address not in (WILDCARD, "::"):
+                text = re.sub(r"(?<![\w.-])(localhost|127\.0\.0\.1)(?![\w.:-])", address, text)
+        return text
+
+    def _bare_url(self, m: "re.Match[str]") -> str:
+        port = self.port_of(m.group(3), _SCHEME_PORTS[m.group(1)])
+        return f"{m.group(1)}://{m.group(2)}{m.group(3)}:{port}" if port else m.group(0)
+
+    def rewrite_environment(self, env: Dict[str, Optional[str]], service: str) -> Dict[str, Optional[str]]:
+        out = {k: (self.rewrite(v, service) if isinstance(v, str) else v) for k, v in env.items()}
+        for key, host, port in host_port_pairs(env):
+            new = self.port_of(host, port)
+            if new is not None:
+                out[key] = str(new)
+        return out
+
+
+def _upstreams(text: str) -> Set[str]:
+    """Names of nginx `upstream NAME {}` blocks: `proxy_pass http://NAME` means the block, not a host."""
+    return set(re.findall(r"\bupstream\s+([\w.-]+)\s*\{", text))
+
+
+def host_port_pairs(env: Dict[str, Optional[str]]) -> List[Tuple[str, str, int]]:
+    """FOO_HOST=db + FOO_PORT=5432 name a server and its port in two variables: (port key, host, port)."""
+    pairs = []
+    for key, value in env.items():
+        if not key.endswith("_PORT") or not isinstance(value, str) or not value.isdigit():
+            continue
+        prefix = key[: -len("_PORT")]
+        for host_key in (f"{prefix}_HOST", f"{prefix}_HOSTNAME", f"{prefix}_ADDR", f"{prefix}_SERVER"):
+            host = env.get(host_key)
+            if isinstance(host, str) and host:
+                pairs.append((key, host, int(value)))
+                break
+    return pairs

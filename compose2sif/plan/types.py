@@ -1,0 +1,79 @@
+"""The plan's data: plain dataclasses that the renderer writes out (plan.json, run.sh, env files)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+
+@dataclass
+class Bind:
+    source: str            # host path; relative paths are relative to the output directory
+    target: str
+    read_only: bool = False
+    kind: str = "bind"     # bind | volume | scratch | tmpfs | config
+    create: bool = False   # create the host directory when missing (Compose's create_host_path)
+
+
+@dataclass
+class PortPlan:
+    container: int
+    host: int              # the port it listens on
+    address: str           # the address it listens on (its own, 127.0.0.1, or 0.0.0.0 for all)
+    published: bool
+    how: str               # how it is told: env:NAME | flag:--port | config | fixed (it cannot be told)
+    evidence: List[str] = field(default_factory=list)  # where this port was seen
+    required: bool = True  # False: seen only in the image's EXPOSE, so it may never be opened
+
+
+@dataclass
+class ServicePlan:
+    name: str
+    instance: str
+    image: str                        # image key: definitions/<image>.def, sif/<image>.sif
+    level: int
+    oneshot: bool                     # something waits for it to complete successfully
+    address: str                      # the address it is told to listen on, or 0.0.0.0 where it cannot be told
+    names: List[str]                  # its names in the hosts file
+    ports: List[PortPlan]
+    environment: Dict[str, str]
+    env_file: str
+    launch: Optional[List[str]]       # argv run by the start script; None: the image's ENTRYPOINT+CMD
+    workdir: Optional[str]
+    binds: List[Bind]
+    gpus: List[Dict[str, Any]]        # [{"count": N|-1, "device_ids": [...]}]
+    nv: bool
+    healthcheck: Optional[Dict[str, Any]]
+    restart: str
+    depends_on: List[Dict[str, Any]]
+    stop_signal: str
+    stop_grace_period: float
+    ulimits: Dict[str, List[int]]
+    writable_tmpfs: bool
+    adapter: Optional[str] = None     # the image family whose adapter shaped it
+    warnings: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    project: str
+    compose_files: List[str]
+    state_dir: str
+    address_block: str                # 127.A.B: this user's and project's /24 of loopback addresses
+    port_base: int
+    hosts: List[Tuple[str, List[str]]]  # (address, names) lines of the hosts file
+    images: Dict[str, Dict[str, Any]]
+    services: List[ServicePlan]
+    configs: Dict[str, str]           # rendered config files: path in the output dir -> content
+    warnings: List[str]
+    tls: Optional[Dict[str, Any]] = None  # {"cert", "key": paths in the output dir, "source": given files or None}
+
+    def service(self, name: str) -> ServicePlan:
+        return next(s for s in self.services if s.name == name)
+
+    def to_json(self) -> Dict[str, Any]:
+        data = asdict(self)
+        data.pop("configs")
+        data["configs"] = sorted(self.configs)
+        for service in data["services"]:
+            service["environment"] = sorted(service["environment"])  # names only: values are secrets
+        return data

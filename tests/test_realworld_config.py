@@ -1,0 +1,62 @@
+"""`compose2sif config --format json` equals Docker Compose's on every key of the 18 real-world
+projects in ../shared/realworld/ (third-party files, see each PROVENANCE.md), each loaded the way its
+README says (directory, -f files, profiles). Differences allowed: oracle.DOCUMENTED_DIFFERENCES only.
+
+No project needs anything beyond the files stored with it: those whose docs say `cp .env.example .env`
+have that .env stored beside their compose file.
+"""
+from pathlib import Path
+
+import pytest
+
+from oracle import base_env, differences, oracle_mark, run_oracle, run_ours
+
+REALWORLD = Path(__file__).resolve().parent.parent.parent / "shared" / "realworld"
+
+# name -> (directory in the project, docker compose arguments), from each PROVENANCE.md
+PROJECTS = {
+    "anythingllm": ("anythingllm/docker", []),
+    "flowise": ("flowise", ["-f", "docker-compose-queue-prebuilt.yml"]),
+    "immich": ("immich", []),
+    "immich-cuda": ("immich", ["-f", "docker-compose.cuda.yml"]),
+    "khoj": ("khoj", []),
+    "langfuse": ("langfuse", []),
+    "librechat": ("librechat", []),
+    "lobechat": ("lobechat", []),
+    "mattermost": ("mattermost", ["-f", "docker-compose.yml", "-f", "docker-compose.nginx.yml"]),
+    "mem0": ("mem0/server", []),
+    "n8n-ai-starter": ("n8n-ai-starter", ["--profile", "gpu-nvidia"]),
+    "nextcloud-fpm": ("nextcloud-fpm", []),
+    "onyx": ("onyx/deployment/docker_compose", []),
+    "open-webui": ("open-webui", ["-f", "docker-compose.yaml", "-f", "docker-compose.gpu.yaml",
+                                  "-f", "docker-compose.api.yaml"]),
+    "plausible": ("plausible", []),
+    "ragflow": ("ragflow", []),
+    "sentry-self-hosted": ("sentry-self-hosted", []),
+    "supabase": ("supabase", []),
+    "zulip": ("zulip", []),
+}
+
+pytestmark = oracle_mark()
+
+
+def test_every_stored_project_is_compared():
+    if not REALWORLD.is_dir():
+        pytest.fail(f"{REALWORLD} is missing: ../shared must be beside the repository")
+    stored = {p.name for p in REALWORLD.iterdir() if p.is_dir()}
+    assert stored == {where.split("/")[0] for where, _ in PROJECTS.values()}
+
+
+@pytest.mark.parametrize("name", sorted(PROJECTS))
+def test_matches_docker_compose_on_every_key(name):
+    where, args = PROJECTS[name]
+    cwd = REALWORLD / where
+    if not cwd.is_dir():
+        pytest.fail(f"{cwd} is missing: ../shared must be beside the repository")
+    env = base_env({})
+    rc, theirs, err = run_oracle(args, cwd, env)
+    assert rc == 0, f"the oracle rejected {name}: {err}"
+    rc, ours, err = run_ours(args, cwd, env)
+    assert rc == 0, f"compose2sif rejected what Docker Compose accepts: {err}"
+    problems = differences(ours, theirs)
+    assert not problems, "\n".join(problems)

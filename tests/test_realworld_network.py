@@ -1,0 +1,107 @@
+"""The network plan on 18 real-world projects (../shared/realworld/, each with a PROVENANCE.md), read
+the way their READMEs run them. Each project either plans with no two endpoints colliding, nothing
+below 1024 and every reference to another service hitting one of its planned endpoints, or is
+refused with one line naming the clash and the x-compose2sif hint that fixes it.
+
+Their Dockerfiles are not stored: a build whose Dockerfile is missing gets a stand-in
+(`FROM debian:12 [AS target]`, written into a copy of the project), which says nothing about ports."""
+import shutil
+from pathlib import Path
+
+import pytest
+
+from compose2sif.errors import ComposeError
+from compose2sif.load import ProjectOptions, load_project
+from compose2sif.plan import PlanOptions, build_plan
+from compose2sif.plan.network import References, overlaps
+
+REALWORLD = Path(__file__).resolve().parent.parent.parent / "shared" / "realworld"
+
+# project -> (directory inside it, compose files, extra environment), as upstream runs it
+PROJECTS = {
+    "anythingllm": ("docker", ["docker-compose.yml"], {}),
+    "flowise": (".", ["docker-compose-queue-prebuilt.yml"], {}),
+    "immich": (".", ["docker-compose.yml"], {}),
+    "khoj": (".", ["docker-compose.yml"], {}),
+    "langfuse": (".", ["docker-compose.yml"], {}),
+    "librechat": (".", ["docker-compose.yml"], {}),
+    "lobechat": (".", ["docker-compose.yml"], {}),
+    "mattermost": (".", ["docker-compose.yml", "docker-compose.nginx.yml"], {}),
+    "mem0": ("server", ["docker-compose.yaml"], {}),
+    "n8n-ai-starter": (".", ["docker-compose.yml"], {"COMPOSE_PROFILES": "gpu-nvidia"}),
+    "nextcloud-fpm": (".", ["compose.yaml"], {}),
+    "onyx": ("deployment/docker_compose", ["docker-compose.yml"], {}),
+    "open-webui": (".", ["docker-compose.yaml", "docker-compose.gpu.yaml", "docker-compose.api.yaml"], {}),
+    "plausible": (".", ["compose.yml", "compose.override.yml"], {}),
+    "ragflow": (".", ["docker-compose.yml"], {}),
+    "sentry-self-hosted": (".", ["docker-compose.yml"], {}),
+    "supabase": (".", ["docker-compose.yml"], {}),
+    "zulip": (".", ["compose.yaml", "compose.override.yaml"], {}),
+}
+
+
+def _load(name: str, tmp_path: Path):
+    if not REALWORLD.is_dir():
+        pytest.fail(f"{REALWORLD} is missing: ../shared must be beside the repository")
+    copy = tmp_path / name
+    shutil.copytree(REALWORLD / name, copy, symlinks=True)
+    subdir, files, env = PROJECTS[name]
+    cwd = copy / subdir
+    options = ProjectOptions(cwd=str(cwd), files=[str(cwd / f) for f in files],
+                             environ={"HOME": "/home/user", "USER": "user", **env})
+    project = load_project(options)
+    for service in (project.model.get("services") or {}).values():
+        build = service.get("build")
+        if isinstance(build, dict) and not build.get("dockerfile_inline"):
+            dockerfile = Path(build.get("context", cwd)) / (build.get("dockerfile") or "Dockerfile")
+            if not dockerfile.exists() and str(dockerfile).startswith(str(tmp_path)):
+                dockerfile.parent.mkdir(parents=True, exist_ok=True)
+                stage = f" AS {build['target']}" if build.get("target") else ""
+                dockerfile.write_text(f"FROM debian:12{stage}\n")  # stand-in: the corpus keeps no Dockerfiles
+    return load_project(options)
+
+
+def _texts(plan):
+    """(service, text) of everything in the plan that may name another service's port."""
+    for service in plan.services:
+        for value in service.environment.values():
+            yield service.name, value
+        for arg in service.launch or []:
+            yield service.name, arg
+        for arg in (service.healthcheck or {}).get("test", []):
+            yield service.name, arg
+    for path, content in plan.configs.items():
+        yield path.split("/")[1], content
+
+
+def check_plan(plan) -> None:
+    endpoints = [(s.name, p) for s in plan.services for p in s.ports]
+    for i, (a, pa) in enumerate(endpoints):
+        assert pa.host >= 1024, f"{a} listens on privileged port {pa.host}"
+        for b, pb in endpoints[i + 1:]:
+            if a != b or pa.container != pb.container:
+                assert not overlaps((pa.address, pa.host), (pb.address, pb.host)), \
+                    f"{a} {pa.address}:{pa.host} collides with {b} {pb.address}:{pb.host}"
+    finder = References({s.name: s.names for s in plan.services})
+    listening = {(s.name, p.host) for s in plan.services for p in s.ports}
+    for client, text in _texts(plan):
+        for server, port in finder.references(text):
+            assert (server, port) in listening, f"{client} names {server}:{port}, where {server} does not listen"
+
+
+@pytest.mark.parametrize("name", sorted(PROJECTS))
+def test_realworld_project_plans_soundly_or_is_refused_with_the_fix(name, tmp_path):
+    project = _load(name, tmp_path)
+    try:
+        plan = build_plan(project, PlanOptions(port_base=30000, address_block="127.45.3", busy=set(),
+                                               uid=1000))
+    except ComposeError as exc:
+        message = str(exc)
+        assert "\n" not in message
+        assert "x-compose2sif" in message and ("both listen on port" in message or "cannot move it" in message)
+        return
+    check_plan(plan)
+
+
+def test_every_realworld_project_is_in_the_table():
+    assert sorted(p.name for p in REALWORLD.iterdir() if p.is_dir()) == sorted(PROJECTS)
