@@ -214,3 +214,11 @@ def test_random_dockerfiles_convert_or_fail_with_one_line(tmp_path, words, build
         s for s in sections if s.startswith("%files from ")}
     assert stages == result.definition.count("\nStage: ") + result.definition.startswith("Stage: ")
     assert sections.count("%runscript") == 1
+
+
+def test_paths_with_spaces_are_quoted_for_files_and_quotes_refused(tmp_path):
+    text = convert('FROM alpine\nCOPY ["my file", "/x/"]\n', str(tmp_path), {}, None, "D").definition
+    assert f'    "{tmp_path}/my file" "/.c2s-build/1/my file"\n' in text
+    assert "cp -a '/.c2s-build/1/my file' /x/" in text
+    with pytest.raises(ComposeError, match="D: line 2: the path .* cannot be staged"):
+        convert('FROM alpine\nCOPY ["a\\"b", "/x/"]\n', str(tmp_path), {}, None, "D")
