@@ -102,7 +102,8 @@ def apptainer_sections(definition):
     return sections, stages
 
 
-HOSTILE = ["%setup", "x\n%setup\ntouch /tmp/PWNED", "\xa0%setup", "a\nBootstrap: docker", "x\r\n%pre"]
+HOSTILE = ["%setup", "x\n%setup\ntouch /tmp/PWNED", "\xa0%setup", "a\nBootstrap: docker", "x\r\n%pre",
+           "{{ HOME }} {{\nX}}"]
 
 
 @pytest.mark.parametrize("value", HOSTILE)
@@ -126,6 +127,8 @@ def test_no_value_opens_a_section_or_a_stage(tmp_path, value):
     assert sections == ["%files", "%post", "%environment", "%labels", "%runscript"]
     assert stages == 1
     assert any("LABEL '%setup' is not kept" in w for w in result.warnings)
+    if "{{" in value:  # Apptainer would take it for a build argument: only in the label and raw RUN text
+        assert "{{" not in result.definition
 
 
 @pytest.mark.parametrize("value", HOSTILE)

@@ -36,8 +36,10 @@ _HEREDOC = re.compile(r"<<(-?)(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
 
 def sh_quote(value: str) -> str:
     """A shell word for ``value``. A newline is written as a double-quoted newline, so the next
-    line of the definition starts with ``"`` and can never be read as a ``%section``."""
-    return '"\n"'.join(shlex.quote(part) for part in value.split("\n"))
+    line of the definition starts with ``"`` and can never be read as a ``%section``. ``{{`` is
+    written ``{''{`` (the same word: every ``{`` that shlex.quote leaves is inside single quotes),
+    so that Apptainer's ``{{ NAME }}`` build-argument templating never sees a value."""
+    return '"\n"'.join(shlex.quote(part).replace("{{", "{''{") for part in value.split("\n"))
 
 
 def _quote(argv: List[str]) -> str:
@@ -314,7 +316,8 @@ class _Converter:
                 if not _LABEL_KEY.match(key):
                     self.warn(f"LABEL {key!r} is not kept (only letters, digits and ._/- in label names)")
                     continue
-                stage.labels[key] = comment_text(expand(value, self.variables()))
+                # metadata only: one line, and no {{ NAME }} for Apptainer's templating
+                stage.labels[key] = comment_text(expand(value, self.variables())).replace("{{", "{ {")
         elif op == "SHELL":
             argv = _exec_form(args)
             if not argv:

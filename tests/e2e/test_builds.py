@@ -15,6 +15,7 @@ def test_hostile_dockerfile_runs_nothing_on_the_host(node):
     # %setup would have run these as hpc on the node, with its $HOME
     assert not list(node.home.glob("c2s-pwned-by-*"))
     sif = next((node.home / "hostile-out" / "sif").glob("*.sif")).name
-    out = node.run(f"apptainer exec ~/hostile-out/sif/{sif} sh -c 'ls /root; echo $NOTE'", check=True).stdout.split()
-    # the lines ran in %post, in the container (fakeroot's $HOME is /root); the value kept exactly
-    assert out == ["c2s-pwned-by-exec-form", "c2s-pwned-by-shell-form", "%setup"]
+    out = node.run(f"apptainer exec ~/hostile-out/sif/{sif} sh -c 'ls /root; echo $NOTE $TEMPLATE'", check=True).stdout.split()
+    # the lines ran in %post, in the container (fakeroot's $HOME is /root); the values kept exactly,
+    # {{ HOME }} not taken for an Apptainer build argument
+    assert out == ["c2s-pwned-by-exec-form", "c2s-pwned-by-shell-form", "%setup", "{{", "HOME", "}}"]
