@@ -136,7 +136,7 @@ def _convert(state: "_State", output=None, registry_mirror=None, image_sources=(
         raise ComposeError("--tls-cert and --tls-key go together")
     images_used = [s.get("image") for s in project.services.values()]
     presets = {preset} if preset else adapters.presets_for(images_used)
-    table = generated.secret_table(adapters.adapter_for(i, presets) for i in images_used)
+    table = adapters.preset_secrets(presets)
     chosen = generated.choose(table, project.environment, generated.read_stored(out_dir)) if table else {}
     if chosen:  # load again as if the user had set them: interpolation puts each where it belongs
         environ = dict(os.environ if state.options.environ is None else state.options.environ)
@@ -329,6 +329,45 @@ def exec_(state: _State, output, service, command):
     """Run a command inside a service's instance."""
     from compose2sif.runtime import run_script
     sys.exit(run_script(_existing_output(state, output), ["exec", service, *command]))
+
+
+@cli.command()
+@click.option("--scheduler", type=click.Choice(["pjm", "slurm"]), required=True)
+@click.option("--service", help="The service to serve (default: the one with GPUs).")
+@click.option("--group", help="PJM resource group (rscgrp) or Slurm partition.")
+@click.option("--nodes", type=click.IntRange(min=1), help="Default: tensor x pipeline parallel size / GPUs per node.")
+@click.option("--gpus-per-node", type=click.IntRange(min=0), help="Default: the service's GPU reservation.")
+@click.option("--elapse", default="1:00:00", show_default=True, help="Wall time, H:MM:SS.")
+@click.option("--job-output", metavar="FILE", help="The job's output file.")
+@click.option("--module", "modules", multiple=True, help="A module to load first (repeatable).")
+@click.option("--sif", metavar="FILE", help="The service's SIF (default: its x-compose2sif.image.sif).")
+@click.option("--cache-dir", metavar="DIR", help="Bound on /cache for model caches (default: PROJECT_DIR/cache).")
+@click.option("--interface", default="ib0", show_default=True, help="Network between the nodes (fallback: default route).")
+@click.option("--launcher", help="Command that starts one task per node (default: srun ... / mpiexec -n N -ppn 1).")
+@click.option("-o", "--output", metavar="FILE", help="Write the job script here (default: standard output).")
+@click.pass_obj
+def batch(state: _State, output, service, **options):
+    """Write a PJM or Slurm job script that serves SERVICE for the job's length (Ray across nodes)."""
+    from compose2sif import batch as batch_job
+    from compose2sif.model import services as typed_services
+    project = state.load()
+    chosen = batch_job.pick_service(typed_services(project), service)
+    try:
+        script, warnings = batch_job.render(project.name, project.working_dir, chosen,
+                                            batch_job.BatchOptions(modules=list(options.pop("modules")), **options))
+    except ComposeError as exc:
+        if exc.file is None and exc.path and exc.path.startswith("services."):
+            exc.file, exc.line = project.locate(exc.path.split(".")[1])
+        raise
+    for warning in warnings:
+        click.echo(f"WARN {warning}", err=True)
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(script)
+        os.chmod(output, 0o755)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(script, nl=False)
 
 
 def main(argv: Optional[List[str]] = None) -> None:

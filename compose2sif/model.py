@@ -6,9 +6,11 @@ requests are explicit. The planner works on these types and never looks at raw c
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from compose2sif.errors import ComposeError
 from compose2sif.load import Project
 from compose2sif.units import parse_bytes, parse_duration
 
@@ -167,6 +169,14 @@ def _extra_hosts(value: Any) -> List[str]:
     return [str(v) for v in value or []]
 
 
+def _restart(service: str, policy: str) -> str:
+    """Docker's restart policies; anything else would be refused by the engine when it starts."""
+    if not re.fullmatch(r"no|always|unless-stopped|on-failure(:[0-9]{1,6})?", str(policy)):
+        raise ComposeError(f"invalid restart policy {policy!r} (no, always, on-failure[:N], unless-stopped)",
+                           path=f"services.{service}.restart")
+    return str(policy)
+
+
 def build_service(name: str, config: Dict[str, Any]) -> Service:
     """One service of ``Project.config`` (the encoded, long-syntax form) as a typed Service."""
     return Service(
@@ -186,7 +196,7 @@ def build_service(name: str, config: Dict[str, Any]) -> Service:
         healthcheck=_healthcheck(config.get("healthcheck")),
         working_dir=config.get("working_dir"),
         user=config.get("user"),
-        restart=config.get("restart") or "no",
+        restart=_restart(name, config.get("restart") or "no"),
         gpus=_gpu_requests(config),
         container_name=config.get("container_name"),
         hostname=config.get("hostname"),

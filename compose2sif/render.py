@@ -44,6 +44,7 @@ def _environment(loader_dir: str) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(loader_dir), keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     env.filters["q"] = lambda v: shlex.quote(str(v))
+    env.filters["oneline"] = lambda v: re.sub(r"[\x00-\x1f\x7f]", "?", str(v))  # comments end at a newline
     return env
 
 
@@ -138,11 +139,12 @@ def render_runner(plan: Plan) -> str:
             spec = f"{b.source}:{b.target}" + (":ro" if b.read_only else "")
             binds.append({"spec": spec, "host": b.source, "create": b.create or b.kind in ("volume", "scratch", "tmpfs"),
                           "kind": b.kind})
-        services.append({**s.__dict__, "fn": re.sub(r"[^A-Za-z0-9_]", "_", s.name), "binds": binds,
+        # a function per service, named by its position: `a-b` and `a_b` must not share one
+        services.append({**s.__dict__, "fn": f"{len(services)}_{re.sub(r'[^A-Za-z0-9_]', '_', s.name)}", "binds": binds,
                          "tmp": _tmp_source(s), "endpoints": [_endpoint(p, plan) for p in s.ports]})
     header = env.get_template("run.sh.j2").render(project=plan.project, compose_files=plan.compose_files,
                                                   state_dir=plan.state_dir, services=services,
-                                                  images=list(plan.images))
+                                                  images=list(plan.images), entry_points=plan.entry_points)
     with open(os.path.join(_templates_dir(), "engine.sh"), encoding="utf-8") as fh:
         return header + fh.read()
 

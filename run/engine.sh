@@ -27,6 +27,28 @@ detect_runtime() {
     else
         EVAL_FLAGS=() ENV_SUFFIX=.eval.env
     fi
+    WRITABLE_ROOT=$(writable_root_mode)
+}
+
+# The image's root filesystem is writable, as under Docker (entrypoints that copy a script to /,
+# logs in /var/log, schedule files in the app directory), and its changes go when the service
+# stops: a directory overlay where the runtime runs unprivileged with fuse-overlayfs (on disk, no
+# size cap), else --writable-tmpfs (in memory, capped by the runtime's "sessiondir max size").
+# Setuid installs refuse directory overlays to users. C2S_WRITABLE_ROOT=overlay|tmpfs|none
+# overrides. Measured in docs/writable-paths.md.
+WRITABLE_ROOT=""
+writable_root_mode() {
+    local starter
+    if [ -n "${C2S_WRITABLE_ROOT:-}" ]; then
+        printf '%s' "$C2S_WRITABLE_ROOT"
+        return
+    fi
+    starter="$(dirname "$(readlink -f "$(command -v "$RT")")")/../libexec/$RT/bin/starter-suid"
+    if [ ! -u "$starter" ] && command -v fuse-overlayfs >/dev/null 2>&1; then
+        printf overlay
+    else
+        printf tmpfs
+    fi
 }
 
 # The service's env file for this runtime (see detect_runtime).
@@ -384,7 +406,15 @@ runtime_flags() {
     if [ "$S_NV" = 1 ] && [ -s "$RUNDIR/$S_NAME.gpus" ]; then
         FLAGS+=(--env "CUDA_VISIBLE_DEVICES=$(cat "$RUNDIR/$S_NAME.gpus")")
     fi
-    [ "$S_WRITABLE_TMPFS" = 1 ] && FLAGS+=(--writable-tmpfs)
+    local root=$WRITABLE_ROOT
+    [ "$S_WRITABLE_TMPFS" = 1 ] && root=tmpfs
+    case "$root" in
+        overlay)
+            rm -rf "$STATE/overlay/$S_NAME" && mkdir -p "$STATE/overlay/$S_NAME"
+            FLAGS+=(--overlay "$STATE/overlay/$S_NAME")
+            ;;
+        tmpfs) FLAGS+=(--writable-tmpfs) ;;
+    esac
     mkdir -p "$STATE/services/$S_NAME/home"
     FLAGS+=(--home "$STATE/services/$S_NAME/home")
 }
@@ -623,6 +653,7 @@ cmd_up() {
         return 1
     fi
     note "up: ${names[*]}"
+    print_entry_points
     printf '%s\n' "${names[@]}" >"$RUNDIR/supervised"
     if [ "$detach" = 1 ]; then
         if needs_supervisor; then
@@ -633,6 +664,22 @@ cmd_up() {
     fi
     trap 'note "stopping (signal)"; cmd_down; exit 0' TERM INT HUP
     supervise
+}
+
+# Where a person goes next: the web front's URL on this node, and the SSH tunnel from a laptop
+# through the login node (compute nodes are rarely reachable directly).
+print_entry_points() {
+    local entry service scheme address port path node target
+    node=$(hostname -f 2>/dev/null || hostname)
+    for entry in "${ENTRY_POINTS[@]}"; do
+        read -r service scheme address port path <<<"$entry"
+        case "$address" in
+            0.0.0.0) target=localhost; note "$service: $scheme://$node:$port$path" ;;
+            *) target=$address; note "$service: $scheme://$address:$port$path (on $node)" ;;
+        esac
+        note "  from your laptop: ssh -N -L $port:$target:$port -J ${USER:-you}@LOGIN-NODE ${USER:-you}@$node" \
+            "then open $scheme://localhost:$port$path"
+    done
 }
 
 needs_supervisor() {
@@ -743,6 +790,7 @@ stop_service() {
         remove_instance
         wait_ended "$STARTER"
     fi
+    rm -rf "$STATE/overlay/$name"  # what it wrote into its image goes with it, as under Docker
     rm -f "$(status_file "$name")"
 }
 

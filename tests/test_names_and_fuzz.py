@@ -138,7 +138,8 @@ def test_config_of_a_hostile_project_loads_or_fails_with_one_line(tmp_path_facto
 
 
 @pytest.mark.parametrize("text", ["services:\n  ../../x:\n    image: a\n", "services: [\n", "services:\n  a: 1\n",
-                                  "services:\n  a:\n    image: a\n    command: 'unclosed\n"])
+                                  "services:\n  a:\n    image: a\n    command: 'unclosed\n",
+                                  "x-deep: " + "[" * 3000 + "]" * 3000 + "\nservices:\n  a:\n    image: a\n"])
 def test_the_command_line_prints_one_error_line(tmp_path, text):
     (tmp_path / "compose.yaml").write_text(text)
     proc = subprocess.run([sys.executable, "-m", "compose2sif", "config", "--format", "json"], cwd=tmp_path,
@@ -147,3 +148,15 @@ def test_the_command_line_prints_one_error_line(tmp_path, text):
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("compose2sif: error: "), proc.stderr
+
+
+def test_a_dependency_chain_longer_than_the_recursion_limit_loads(tmp_path):
+    """The cycle check walks depends_on without recursion. (Not a corpus case: the planner's own
+    walk of this chain is another matter, see issue 11.)"""
+    lines = ["services:"]
+    for i in range(1500):
+        lines += [f"  s{i}:", "    image: a"] + ([f"    depends_on: [s{i + 1}]"] if i < 1499 else [])
+    (tmp_path / "compose.yaml").write_text("\n".join(lines) + "\n")
+    project = load_project(ProjectOptions(cwd=str(tmp_path), environ={"PATH": "/usr/bin:/bin"}))
+    assert len(project.config["services"]) == 1500
+    assert project.config["services"]["s0"]["depends_on"] == {"s1": {"condition": "service_started", "required": True}}

@@ -95,7 +95,7 @@ def test_services_that_cannot_be_told_an_address_are_separated_by_a_port_knob(tm
     assert (a.address, a.host) == ("0.0.0.0", 9000) and (b.address, b.host) == ("0.0.0.0", 30000)
     assert plan.service("b").environment["PORT"] == "30000"
     assert plan.service("proxy").environment == {"A": "http://a:9000/", "B": "http://b:30000/x"}
-    assert any("'b': port 9000 is served on 0.0.0.0:30000 (port 9000 is also used by service 'a')" in w
+    assert any("'b': port 9000 is also used by service 'a'; its port 9000 is served on 0.0.0.0:30000" in w
                for w in plan.warnings)
     assert any("'a' listens on all interfaces (0.0.0.0:9000)" in w for w in plan.warnings)
 
@@ -342,3 +342,29 @@ def test_every_corpus_project_plans_or_fails_cleanly(case, tmp_path):
         build_plan(project, PlanOptions(port_base=30000, busy=set()))
     except ComposeError as exc:
         assert str(exc)
+
+
+def test_values_that_would_be_shell_stay_data(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          a-b: {image: example/a, gpus: [{driver: nvidia, device_ids: ["0$(touch /tmp/PWNED)"]}]}
+          a_b: {image: example/b}
+    """)
+    from compose2sif.render import render_runner
+    script = render_runner(plan)
+    assert "S_GPUS=('ids=0$(touch /tmp/PWNED)')" in script
+    assert "svc_0_a_b()" in script and "svc_1_a_b()" in script  # one function each
+    plan.compose_files = ["/p/x\ntouch /tmp/PWNED #.yaml"]  # a newline in a path must not end the comment
+    assert "\ntouch /tmp/PWNED" not in render_runner(plan)
+    with pytest.raises(ComposeError, match=r"services.x.restart: invalid restart policy"):
+        plan_for(tmp_path, """
+            services:
+              x: {image: example/x, restart: "on-failure:a[$(touch /tmp/PWNED)]"}
+        """)
+
+
+def test_long_dependency_chains_and_expose_ranges(tmp_path):
+    chain = "\n".join(f"  s{i}: {{image: example/s, depends_on: [s{i + 1}]}}" for i in range(250))
+    plan = plan_for(tmp_path, f"services:\n{chain}\n  s250: {{image: example/s, expose: ['7000-7002']}}\n")
+    assert plan.service("s0").level == 250
+    assert [p.container for p in plan.service("s250").ports] == [7000, 7001, 7002]

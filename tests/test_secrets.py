@@ -36,7 +36,7 @@ COMPOSE = """
     secrets:
       db_password: {file: ./db_password.txt}
       api_key: {environment: API_KEY}
-      token: {content: "t0ken"}
+      token: {environment: TOKEN}  # Compose takes `content` for configs only
       unused: {external: true}
     configs:
       app_conf: {file: ./app.conf}
@@ -50,7 +50,7 @@ def load(tmp_path, compose=COMPOSE, environ=None):
     (tmp_path / "db_password.txt").write_text("pw\n")
     (tmp_path / "app.conf").write_text("a=1\n")
     return load_project(ProjectOptions(cwd=str(tmp_path), environ={"HOME": "/h", "API_KEY": SECRET,
-                                                                   **(environ or {})}))
+                                                                   "TOKEN": "t0ken", **(environ or {})}))
 
 
 def test_every_form_is_bound_read_only_where_compose_puts_it(tmp_path):
@@ -73,7 +73,8 @@ def test_env_secret_is_written_private_and_kept_out_of_plan_json_and_argv(tmp_pa
     out = tmp_path / "out"
     result = subprocess.run([sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(out)],
                             cwd=tmp_path, capture_output=True, text=True,
-                            env={"PATH": os.environ["PATH"], "HOME": "/tmp", "PYTHONPATH": REPO, "API_KEY": SECRET})
+                            env={"PATH": os.environ["PATH"], "HOME": "/tmp", "PYTHONPATH": REPO, "API_KEY": SECRET,
+                                 "TOKEN": "t0ken"})
     assert result.returncode == 0, result.stderr
     secret_file = out / "config" / "secrets" / "api_key"
     assert secret_file.read_text() == SECRET
@@ -107,7 +108,7 @@ def test_odd_names_get_distinct_files(tmp_path):
     # Compose allows [a-zA-Z0-9._-] in names (the loader refuses the rest); a leading dot is replaced
     project = load(tmp_path, """
         services: {app: {image: alpine, secrets: [.a, a]}}
-        secrets: {.a: {content: one}, a: {content: two}}
+        secrets: {.a: {environment: API_KEY}, a: {environment: TOKEN}}
     """)
     plan = build_plan(project, PlanOptions(port_base=30000, busy=set()))
     sources = {b.target: b.source for b in plan.service("app").binds if b.read_only}

@@ -5,7 +5,7 @@ the adapter supplies (ports and their knobs, the address knob, writable paths, t
 default command) and lets it ``finish`` the service once the plan is decided.
 """
 import re
-from typing import Iterable, List, Optional, Set
+from typing import Dict, Iterable, List, Optional, Set
 
 from compose2sif.adapters import dify, llamacpp, mongo, mysql, nginx, postgres, redis, squid, vllm, weaviate
 from compose2sif.adapters.base import Adapter, Draft
@@ -29,12 +29,17 @@ def repository(image: Optional[str]) -> str:
     return "/".join(parts)
 
 
-PRESETS = {"dify": r"(^|/)langgenius/dify-"}   # a project is Dify's when one of its images is
+PRESETS = {dify.PRESET: r"(^|/)langgenius/dify-"}   # a project is Dify's when one of its images is
+PRESET_SECRETS = {dify.PRESET: dify.SECRETS}       # variable -> its public default, to be replaced
 
 
 def presets_for(images: Iterable[Optional[str]]) -> Set[str]:
     return {name for name, pattern in PRESETS.items()
             if any(re.search(pattern, repository(image)) for image in images)}
+
+
+def preset_secrets(presets: Set[str]) -> Dict[str, str]:
+    return {k: v for preset in sorted(presets) for k, v in PRESET_SECRETS.get(preset, {}).items()}
 
 
 def adapter_for(image: Optional[str], presets: Set[str] = frozenset()) -> Optional[Adapter]:
@@ -43,4 +48,4 @@ def adapter_for(image: Optional[str], presets: Set[str] = frozenset()) -> Option
                 None)
 
 
-__all__ = ["ADAPTERS", "PRESETS", "Adapter", "Draft", "adapter_for", "presets_for", "repository"]
+__all__ = ["ADAPTERS", "PRESETS", "Adapter", "Draft", "adapter_for", "preset_secrets", "presets_for", "repository"]

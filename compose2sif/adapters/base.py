@@ -39,9 +39,8 @@ class Adapter:
     ``address``: the knob that tells it its listen address; ``default_command``: the image's CMD,
     needed when a knob is a flag and the compose file sets no command; ``writable``: directories
     it writes inside the image; ``per_port_address``: each port can get an address of its own;
-    ``workdir``: the image's WORKDIR, known without asking its registry; ``secrets``: variables whose
-    public defaults must be replaced by generated values (variable -> default); ``preset``: the
-    adapter applies only to projects of that family (Dify's nginx is not every nginx).
+    ``workdir``: the image's WORKDIR, known without asking its registry; ``preset``: the adapter
+    applies only to projects of that family (Dify's nginx is not every nginx).
     """
     family: str
     images: str                       # regex on the image repository (no registry, no tag)
@@ -51,9 +50,9 @@ class Adapter:
     writable: Tuple[str, ...] = ()
     per_port_address: bool = False
     workdir: Optional[str] = None
-    secrets: Dict[str, str] = field(default_factory=dict)
     preset: Optional[str] = None
     model_server: bool = False        # serves models (an SSRF allow-list should let clients reach it)
+    entry_path: Optional[str] = None  # a web front: the page a person opens first (printed by `up`)
 
     def matches(self, repository: str) -> bool:
         return re.search(self.images, repository) is not None

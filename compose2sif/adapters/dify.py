@@ -43,7 +43,6 @@ API = Adapter(
     address=Knob("env", "DIFY_BIND_ADDRESS", "{address}"),
     writable=("/app/logs",),
     workdir="/app/api",
-    secrets=SECRETS,
 )
 WEB = Adapter(
     family="dify-web",
@@ -153,7 +152,10 @@ def _private_allow_list(draft: Draft, env: Dict[str, str]) -> str:
             ips.append(f"{network.names_address(service)}/32")
     for item in draft.options.get("ssrf_allow") or []:
         (ips if re.fullmatch(r"[0-9a-fA-F.:/]+", item) else domains).append(item)
-    lines = ["# compose2sif: private destinations Dify's SSRF proxy may reach (model servers, --ssrf-allow)"]
+    lines = ["# compose2sif: private destinations Dify's SSRF proxy may reach (model servers, --ssrf-allow),",
+             "# and the stack's own loopback addresses as clients, like Dify's private networks"]
+    if network is not None:
+        lines.append(f"acl client_localnet src {network.address_block}.0/24")
     if ips:
         lines += [f"acl allowed_private_ips dst {' '.join(dict.fromkeys(ips))}", "http_access allow allowed_private_ips"]
     if domains:
@@ -190,6 +192,7 @@ NGINX = Nginx(
     per_port_address=True,
     writable=nginx.ADAPTER.writable,
     workdir="/",
+    entry_path="/install",  # where Dify's admin account is made
     preset=PRESET,
 )
 SQUID = Squid(

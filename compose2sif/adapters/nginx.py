@@ -40,6 +40,7 @@ ADAPTER = Nginx(
     ports={80: Knob("config", "nginx listen"), 443: Knob("config", "nginx listen")},
     address=Knob("config", "nginx listen"),
     per_port_address=True,
+    entry_path="/",
     writable=("/var/cache/nginx", "/var/run", "/run", "/var/log/nginx", "/var/lib/nginx"),
     workdir="/",  # the image's WORKDIR
 )

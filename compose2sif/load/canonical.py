@@ -5,12 +5,11 @@
 """
 from __future__ import annotations
 
-import ipaddress
 import posixpath
 from typing import Any, Callable, Dict, List, Tuple
 
 from compose2sif.errors import ComposeError
-from compose2sif.load.interpolate import path_matches
+from compose2sif.load.interpolate import PathTable
 
 Path = Tuple[str, ...]
 
@@ -51,6 +50,7 @@ def parse_port(spec: str) -> List[Dict[str, Any]]:
     if ip.startswith("[") and ip.endswith("]"):
         ip = ip[1:-1]
     if ip:
+        import ipaddress  # here: most projects publish no address, and the module costs ~2 ms to import
         try:
             ipaddress.ip_address(ip)
         except ValueError:
@@ -98,7 +98,7 @@ def parse_volume(spec: str, where: str = "") -> Dict[str, Any]:
     if len(spec) == 0:
         raise ComposeError("invalid empty volume spec", path=where or None)
     if len(spec) <= 2:
-        return {"type": "volume", "target": spec, "volume": {}}
+        return {"type": "volume", "target": spec}
     buffer: List[str] = []
     depth = 0
     source = target = None
@@ -338,17 +338,22 @@ _DESCEND = {("services", "*", "build"), ("volumes", "*"), ("networks", "*"), ("s
             ("configs", "*"), ("services", "*", "extends")}
 
 
+_TABLE = PathTable({pattern: (transform, pattern in _DESCEND) for pattern, transform in _TRANSFORMS.items()})
+
+
 def canonical(value: Any, path: Path = ()) -> Any:
-    for pattern, transform in _TRANSFORMS.items():
-        if path_matches(path, pattern):
-            value = transform(value, path)
-            if pattern not in _DESCEND:
-                return value
-            break
+    found = _TABLE.get(path)
+    if found is not None:
+        transform, descend = found
+        value = transform(value, path)
+        if not descend:
+            return value
     if isinstance(value, dict):
         for k in list(value):
-            value[k] = canonical(value[k], path + (str(k),))
-    elif isinstance(value, list):
+            sub = path + (str(k),)
+            if _TABLE.leads_somewhere(sub):
+                value[k] = canonical(value[k], sub)
+    elif isinstance(value, list) and _TABLE.leads_somewhere(path + ("*",)):
         for i, item in enumerate(value):
             value[i] = canonical(item, path + ("*",))
     return value

@@ -170,6 +170,18 @@ def _device_request(value: Any, path: str) -> Dict[str, Any]:
     return out
 
 
+def _json_number(value: float) -> Any:
+    """Go's JSON encoder prints a whole float without a fraction (2, not 2.0)."""
+    return int(value) if value.is_integer() else value
+
+
+def _cpus(value: Any, path: str) -> Any:
+    try:
+        return _json_number(float32(float(value)))
+    except (TypeError, ValueError):
+        raise _fail(path, f"invalid cpus value {value!r}") from None
+
+
 def _resource(value: Any, path: str) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for key, item in (value or {}).items():
@@ -180,7 +192,7 @@ def _resource(value: Any, path: str) -> Dict[str, Any]:
             except (TypeError, ValueError):
                 raise _fail(where, f"invalid cpus value {item!r}") from None
             if cpus:
-                out[key] = cpus
+                out[key] = _json_number(cpus)
         elif key == "memory":
             memory = _bytes(item, where)
             if memory != "0":
@@ -309,11 +321,109 @@ def _is_zero(value: Any) -> bool:
     return value in ("", [], {})
 
 
+def _labels(value: Any, path: str) -> Dict[str, str]:
+    """compose-go's Labels: a list of ``k=v`` (``k`` alone means an empty value) or a mapping; strings."""
+    if isinstance(value, list):
+        out = {}
+        for item in value:
+            key, _, val = go_str(item).partition("=")
+            out[key] = val
+        return out
+    if isinstance(value, dict):
+        return {str(k): ("" if v is None else go_str(v)) for k, v in value.items()}
+    return value
+
+
+def _strings(value: Any, path: str) -> Any:
+    """A string-or-list key (dns, tmpfs...) as a list of strings."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return [go_str(value)]
+    if isinstance(value, list):
+        return [go_str(item) for item in value]
+    return value
+
+
+def _logging(value: Any, path: str) -> Any:
+    if isinstance(value, dict) and isinstance(value.get("options"), dict):
+        options = {k: (None if v is None else go_str(v)) for k, v in value["options"].items()}
+        return {**value, "options": options}
+    return value
+
+
+def _file_mode(references: Any, path: str) -> Any:
+    """secrets/configs of a service: a mode is printed as an octal string ("0440")."""
+    if not isinstance(references, list):
+        return references
+    out = []
+    for ref in references:
+        if isinstance(ref, dict) and isinstance(ref.get("mode"), int) and not isinstance(ref["mode"], bool):
+            ref = {**ref, "mode": "0" + format(ref["mode"], "o") if ref["mode"] else "0"}
+        out.append(ref)
+    return out
+
+
+def _build(value: Any, path: str) -> Any:
+    if not isinstance(value, dict):
+        return value
+    out = _omit_empty(value, path)
+    if "labels" in out:
+        out["labels"] = _labels(out["labels"], f"{path}.labels")
+    if "extra_hosts" in out:
+        out["extra_hosts"] = extra_hosts(out["extra_hosts"], f"{path}.extra_hosts")
+    if "shm_size" in out:
+        out["shm_size"] = _bytes(out["shm_size"], f"{path}.shm_size")
+    return out
+
+
+def _develop(value: Any, path: str) -> Any:
+    """Each watch rule carries an `exec` hook in Compose's model, printed even when unset."""
+    if isinstance(value, dict) and isinstance(value.get("watch"), list):
+        watch = [{**rule, "exec": rule.get("exec") or {"command": None}} if isinstance(rule, dict) else rule
+                 for rule in value["watch"]]
+        return {**value, "watch": watch}
+    return value
+
+
+def _hooks(value: Any, path: str) -> Any:
+    """post_start / pre_stop: each command split like `command`, its environment a mapping."""
+    if not isinstance(value, list):
+        return value
+    hooks = []
+    for i, hook in enumerate(value):
+        if isinstance(hook, dict):
+            hook = {k: v for k, v in hook.items() if not _is_zero(v)}
+            if "command" in hook:
+                hook["command"] = shell_command(hook["command"], f"{path}[{i}].command")
+            if isinstance(hook.get("environment"), list):
+                hook["environment"] = {k: (v if sep else None) for k, sep, v in
+                                       (go_str(item).partition("=") for item in hook["environment"])}
+        hooks.append(hook)
+    return hooks
+
+
+def _blkio(value: Any, path: str) -> Any:
+    """compose-go's ThrottleDevice has no JSON tags, so its fields print as Path and Rate."""
+    if not isinstance(value, dict):
+        return value
+    out = dict(value)
+    for key in ("device_read_bps", "device_write_bps", "device_read_iops", "device_write_iops"):
+        if isinstance(out.get(key), list):
+            out[key] = [{"Path": d.get("path"), "Rate": _bytes(d.get("rate", 0), f"{path}.{key}")}
+                        if isinstance(d, dict) else d for d in out[key]]
+    return out
+
+
 _ENCODERS: Dict[str, Callable[[Any, str], Any]] = {
+    "post_start": _hooks, "pre_stop": _hooks, "blkio_config": _blkio,
+    "develop": _develop, "cpus": _cpus, "stop_grace_period": _duration,
+    "labels": _labels, "annotations": _labels, "sysctls": _labels, "logging": _logging,
+    "dns": _strings, "dns_search": _strings, "dns_opt": _strings, "tmpfs": _strings, "expose": _strings,
+    "group_add": _strings, "mem_limit": _bytes, "mem_reservation": _bytes, "memswap_limit": _bytes,
+    "secrets": _file_mode, "configs": _file_mode,
     "command": shell_command, "entrypoint": shell_command,
     "environment": _environment, "ports": _ports, "volumes": _volumes,
     "healthcheck": _healthcheck, "deploy": _deploy, "ulimits": _ulimits,
-    "depends_on": _depends_on, "shm_size": _bytes, "extra_hosts": extra_hosts, "build": _omit_empty,
+    "depends_on": _depends_on, "shm_size": _bytes, "extra_hosts": extra_hosts, "build": _build,
     "gpus": lambda v, p: [_device_request(d, f"{p}[{i}]") for i, d in enumerate(v or [])],
     "image": _optional_string, "working_dir": _optional_string, "user": _optional_string,
     "ipc": _optional_string, "network_mode": _optional_string, "restart": _optional_string,
@@ -358,9 +468,21 @@ def _used_resources(services: Dict[str, Any]) -> Dict[str, set]:
     return used
 
 
-def _network(value: Dict[str, Any]) -> Dict[str, Any]:
-    out = dict(value)
-    out["ipam"] = _omit_empty(out.get("ipam") or {}, "")  # a Go struct, so always printed
+# Fields of top-level resources that Compose holds as pointers: printed even when false.
+_RESOURCE_POINTERS = ("enable_ipv4", "enable_ipv6")
+
+
+def _resource_entry(kind: str, value: Dict[str, Any]) -> Dict[str, Any]:
+    """A network, volume, secret or config as Compose prints it: zero values of plain fields left
+    out, labels as a mapping, driver options as strings; a network always has an `ipam` section."""
+    out = {k: v for k, v in value.items() if k in _RESOURCE_POINTERS or not _is_zero(v)}
+    if "labels" in out:
+        out["labels"] = _labels(out["labels"], f"{kind}.labels")
+    if isinstance(out.get("driver_opts"), dict):
+        out["driver_opts"] = {k: (None if v is None else go_str(v)) for k, v in out["driver_opts"].items()}
+    if kind == "networks":
+        ipam = out.get("ipam") if isinstance(out.get("ipam"), dict) else {}
+        out["ipam"] = {k: v for k, v in ipam.items() if k in ("driver", "config") and not _is_zero(v)}
     return out
 
 
@@ -371,9 +493,8 @@ def encode_project(model: Dict[str, Any]) -> Dict[str, Any]:
     out["services"] = {name: encode_service(name, svc) for name, svc in sorted(services.items())}
     used = _used_resources(services)
     for key in ("networks", "volumes", "secrets", "configs", "models"):
-        kept = {k: v for k, v in (model.get(key) or {}).items() if k in used[key]}
-        if key == "networks":
-            kept = {k: _network(v) for k, v in kept.items()}
+        kept = {k: _resource_entry(key, v) if isinstance(v, dict) else v
+                for k, v in (model.get(key) or {}).items() if k in used[key]}
         if kept:
             out[key] = kept
     out.update((k, v) for k, v in model.items() if k not in out and k not in ("include", *used))

@@ -8,7 +8,7 @@ Values at typed paths (``ports.*.target``, ``healthcheck.retries``...) are cast 
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from compose2sif.errors import ComposeError
 
@@ -173,11 +173,46 @@ def path_matches(path: Tuple[str, ...], pattern: Tuple[str, ...]) -> bool:
     return len(path) == len(pattern) and all(p == "*" or p == q for p, q in zip(pattern, path))
 
 
-def _caster(path: Tuple[str, ...]):
-    for pattern, cast in _CASTS.items():
-        if path_matches(path, pattern):
-            return cast
-    return None
+class PathTable:
+    """Patterns of compose paths (``"*"`` matches any one key) to values, looked up as a trie: the
+    loader asks once per node of every document, so a scan of all patterns each time is too slow.
+    ``get`` returns the value of the first pattern (in the given order) that matches ``path``."""
+
+    def __init__(self, patterns: Dict[Tuple[str, ...], Any]):
+        self._root: Dict[str, Any] = {}
+        for order, (pattern, value) in enumerate(patterns.items()):
+            node = self._root
+            for part in pattern:
+                node = node.setdefault(part, {})
+            node.setdefault(None, (order, value))  # None: a pattern ends here
+
+    def start(self) -> List[Dict[str, Any]]:
+        """Where a walk from the top of a document begins; ``step`` moves it one key down."""
+        return [self._root]
+
+    @staticmethod
+    def step(nodes: List[Dict[str, Any]], part: str) -> List[Dict[str, Any]]:
+        return [child for node in nodes for child in (node.get(part), node.get("*")) if child is not None]
+
+    @staticmethod
+    def value_at(nodes: List[Dict[str, Any]], default: Any = None) -> Any:
+        ends = [node[None] for node in nodes if None in node]
+        return min(ends, key=lambda end: end[0])[1] if ends else default
+
+    def _nodes(self, path: Tuple[str, ...]):
+        nodes = [self._root]
+        for part in path:
+            nodes = self.step(nodes, part)
+            if not nodes:
+                break
+        return nodes
+
+    def get(self, path: Tuple[str, ...], default: Any = None) -> Any:
+        return self.value_at(self._nodes(path), default)
+
+    def leads_somewhere(self, path: Tuple[str, ...]) -> bool:
+        """Whether some pattern is ``path`` or lies below it."""
+        return bool(self._nodes(path))
 
 
 def dotted(path: Tuple[str, ...]) -> str:
@@ -188,7 +223,8 @@ def interpolate_tree(tree: Dict[str, Any], lookup: Lookup,
                      unset: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Interpolate every string value (not keys) of a compose document, casting typed paths."""
 
-    def walk(value: Any, path: Tuple[str, ...]) -> Any:
+    def walk(value: Any, path: Tuple[str, ...], nodes: List[Dict[str, Any]]) -> Any:
+        # `nodes`: where `path` is in the table of typed paths, carried down instead of looked up
         if isinstance(value, str):
             try:
                 result = substitute(value, lookup, unset)
@@ -197,7 +233,7 @@ def interpolate_tree(tree: Dict[str, Any], lookup: Lookup,
                                    "you may need to escape any $ with another $", path=dotted(path)) from None
             except MissingRequired as exc:
                 raise ComposeError(str(exc), path=dotted(path)) from None
-            cast = _caster(path)
+            cast = PathTable.value_at(nodes) if nodes else None
             if cast is None:
                 return result
             try:
@@ -205,11 +241,17 @@ def interpolate_tree(tree: Dict[str, Any], lookup: Lookup,
             except ValueError as exc:
                 raise ComposeError(f"failed to cast to expected type: {exc}", path=dotted(path)) from None
         if isinstance(value, dict):
-            return {k: walk(v, path + (str(k),)) for k, v in value.items()}
+            return {k: walk(v, path + (str(k),), PathTable.step(nodes, str(k)) if nodes else nodes)
+                    for k, v in value.items()}
         if isinstance(value, list):
-            return [walk(v, path + ("[]",)) for v in value]
+            below = PathTable.step(nodes, "[]") if nodes else nodes
+            return [walk(v, path + ("[]",), below) for v in value]
         if hasattr(value, "value") and not isinstance(value, (int, float)):  # !override wrapper
-            value.value = walk(value.value, path)
+            value.value = walk(value.value, path, nodes)
         return value
 
-    return {k: walk(v, (k,)) for k, v in tree.items()}
+    top = _CAST_TABLE.start()
+    return {k: walk(v, (k,), PathTable.step(top, str(k))) for k, v in tree.items()}
+
+
+_CAST_TABLE = PathTable(_CASTS)

@@ -78,6 +78,16 @@ class _Context:
         self.documents: Dict[str, Document] = {}  # service -> the document that last set it
         self.warnings: List[str] = []
         self._unset: Set[str] = set()
+        self._parsed: Dict[str, List[Document]] = {}
+
+    def parsed_documents(self) -> List[Document]:
+        return [doc for docs in self._parsed.values() for doc in docs]
+
+    def documents_of(self, path: str) -> List[Document]:
+        """The YAML documents of a file, parsed once per load (the loader only reads them)."""
+        if path not in self._parsed:
+            self._parsed[path] = load_documents(path, _read(path))
+        return self._parsed[path]
 
     def unset_variable(self, name: str) -> None:
         if name not in self._unset:
@@ -165,11 +175,11 @@ def _defining_file(paths: List[str], key: str, separator: str = "=") -> Optional
     return None
 
 
-def _name_from_files(files: List[str], lookup) -> Optional[str]:
+def _name_from_files(files: List[str], lookup, ctx: _Context) -> Optional[str]:
     """The last `name:` of the files, normalised (it may then be empty); None when no file has one."""
     name = ""
     for path in files:
-        for doc in load_documents(path, _read(path)):
+        for doc in ctx.documents_of(path):
             value = doc.data.get("name")
             if isinstance(value, str) and value:
                 name = value
@@ -194,7 +204,7 @@ class _Loader:
     def load_model(self, files: List[str], resolve_paths: bool = True) -> Dict[str, Any]:
         model: Dict[str, Any] = {}
         for path in files:
-            for doc in load_documents(path, _read(path)):
+            for doc in self.ctx.documents_of(path):
                 try:
                     model = self._load_document(doc, model)
                 except ComposeError as exc:
@@ -297,7 +307,7 @@ class _Loader:
             base_file = _abs(str(other_file), working_dir)
             base_dir = os.path.dirname(base_file)
             base_model: Dict[str, Any] = {}
-            for other in load_documents(base_file, _read(base_file)):
+            for other in self.ctx.documents_of(base_file):
                 other_data, _ = collect_resets(other.data)
                 base_model = merge_mappings(base_model, interpolate_tree(other_data, self.lookup), ())
             base_model = canonical(enforce_unicity(base_model))
@@ -336,7 +346,8 @@ def _clone(value: Any) -> Any:
 def _abs_path(value: Any, base: str) -> Any:
     if not isinstance(value, str) or value == "":
         return value
-    value = os.path.expanduser(value) if value.startswith("~") else value
+    if value.startswith("~"):  # Compose cleans a path it expanded or joined, and keeps an absolute one as written
+        return os.path.normpath(os.path.expanduser(value))
     return value if os.path.isabs(value) else os.path.normpath(os.path.join(base, value))
 
 
@@ -367,6 +378,10 @@ def _resolve_paths(model: Dict[str, Any], base: str) -> None:
         extends = service.get("extends")
         if isinstance(extends, dict) and isinstance(extends.get("file"), str):
             extends["file"] = _abs_path(extends["file"], base)
+        develop = service.get("develop")
+        for watch in (develop.get("watch") or []) if isinstance(develop, dict) else ():
+            if isinstance(watch, dict) and isinstance(watch.get("path"), str):
+                watch["path"] = _abs_path(watch["path"], base)
         for volume in service.get("volumes") or []:
             if isinstance(volume, dict) and volume.get("type") == "bind":
                 if "source" not in volume:
@@ -523,7 +538,52 @@ def _check_consistency(model: Dict[str, Any], disabled: Dict[str, Any]) -> None:
             if target in mounts:
                 raise ComposeError(f"target {target} already mounted as {mounts[target]}", path=f"{where}.volumes")
             mounts[target] = f"{where}.volumes[{i}]"
+        _check_resource_duplicates(name, service)
+        replicas = service.get("scale") if service.get("scale") is not None else \
+            (service.get("deploy") or {}).get("replicas") if isinstance(service.get("deploy"), dict) else None
+        if service.get("container_name") and isinstance(replicas, int) and replicas > 1:
+            attribute = "scale" if service.get("scale") is not None else "deploy.replicas"
+            raise ComposeError(f"can't set container_name and {attribute} as container name must be unique",
+                               path=where)
+    for name, secret in (model.get("secrets") or {}).items():
+        if isinstance(secret, dict) and not secret.get("external") and not secret.get("file") \
+                and not secret.get("environment"):
+            raise ComposeError(f"secret {go_quote(name)} must declare either `file` or `environment`",
+                               path=f"secrets.{name}")
     _check_cycles(services)
+
+
+def _check_resource_duplicates(name: str, service: Dict[str, Any]) -> None:
+    """Keys that Compose reads as another spelling of a deploy setting must agree with it
+    (compose-go's checkConsistency); values that do not parse are left to the encoder's errors."""
+    from compose2sif.units import parse_bytes
+    deploy = service.get("deploy")
+    if not isinstance(deploy, dict):
+        return
+    resources = deploy.get("resources") if isinstance(deploy.get("resources"), dict) else {}
+
+    def size(value):
+        return parse_bytes(value) if value not in (None, "") else 0
+
+    checks = (("scale", "deploy.replicas", deploy, "replicas", int),
+              ("cpus", "deploy.resources.limits.cpus", resources.get("limits"), "cpus", float),
+              ("mem_limit", "deploy.resources.limits.memory", resources.get("limits"), "memory", size),
+              ("mem_reservation", "deploy.resources.reservations.memory", resources.get("reservations"), "memory",
+               size),
+              ("pids_limit", "deploy.resources.limits.pids", resources.get("limits"), "pids", int))
+    for key, other, section, field_name, parse in checks:
+        if service.get(key) is None or not isinstance(section, dict):
+            continue
+        try:
+            mine = parse(service[key])
+            theirs = parse(section.get(field_name) or 0)
+        except (TypeError, ValueError):
+            continue
+        if key == "scale":
+            if section.get(field_name) is not None and mine != theirs:
+                raise ComposeError(f"can't set distinct values on '{key}' and '{other}'", path=f"services.{name}")
+        elif mine and mine != theirs:
+            raise ComposeError(f"can't set distinct values on '{key}' and '{other}'", path=f"services.{name}")
 
 
 def _string_list(value: Any) -> List[str]:
@@ -533,24 +593,30 @@ def _string_list(value: Any) -> List[str]:
 
 
 def _check_cycles(services: Dict[str, Any]) -> None:
-    state: Dict[str, int] = {}
-
-    def visit(name: str, stack: List[str]) -> None:
-        state[name] = 1
-        for dep in (services[name].get("depends_on") or {}):
+    """Depth-first over depends_on, without recursion (a chain may be thousands of services long)."""
+    state: Dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in services:
+        if start in state:
+            continue
+        path = [start]
+        pending = [iter(services[start].get("depends_on") or {})]
+        state[start] = 1
+        while pending:
+            dep = next(pending[-1], None)
+            if dep is None:
+                state[path.pop()] = 2
+                pending.pop()
+                continue
             if dep not in services:
                 continue
             if state.get(dep) == 1:
-                cycle = stack[stack.index(dep):] + [dep] if dep in stack else [name, dep]
+                cycle = path[path.index(dep):] + [dep]
                 raise ComposeError("dependency cycle detected: " + " -> ".join(cycle),
-                                   path=f"services.{name}.depends_on")
-            if state.get(dep) is None:
-                visit(dep, stack + [dep])
-        state[name] = 2
-
-    for name in services:
-        if name not in state:
-            visit(name, [name])
+                                   path=f"services.{path[-1]}.depends_on")
+            if dep not in state:
+                state[dep] = 1
+                path.append(dep)
+                pending.append(iter(services[dep].get("depends_on") or {}))
 
 
 def _merge_env_files(service: Dict[str, Any], environment: Dict[str, str], path: str) -> None:
@@ -572,20 +638,70 @@ def _merge_env_files(service: Dict[str, Any], environment: Dict[str, str], path:
                 raise ComposeError(f"env file {file_path} not found", path=f"{path}.env_file")
             continue
         try:
-            dotenv.parse(_read(file_path), lambda k: lookup(k) if lookup(k) is not None else values.get(k),
-                         into=values)
+            if env_file.get("format") == "raw":
+                values.update(_raw_env_file(_read(file_path), environment))
+            else:
+                dotenv.parse(_read(file_path), lambda k: lookup(k) if lookup(k) is not None else values.get(k),
+                             into=values)
         except dotenv.DotenvError as exc:
-            raise ComposeError(f"invalid env file {file_path}: {exc}", path=f"{path}.env_file") from None
+            raise ComposeError(f"failed to parse env_file {file_path}: {exc}", path=f"{path}.env_file") from None
     merged: Dict[str, Optional[str]] = dict(values)
     merged.update(own)
     service["environment"] = merged
 
 
+def _raw_env_file(text: str, environment: Dict[str, str]) -> Dict[str, str]:
+    """``format: raw``: docker's --env-file rules. Each ``KEY=VALUE`` line is taken as written (no
+    quotes, comments or variables); a bare ``KEY`` takes the environment's value, if any."""
+    values: Dict[str, str] = {}
+    for line in text.lstrip("\ufeff").splitlines():
+        line = line.lstrip(" \t")
+        if not line or line.startswith("#"):
+            continue
+        key, found, value = line.partition("=")
+        if not key:
+            raise dotenv.DotenvError(f"no variable name on line '{line}'")
+        if " " in key or "\t" in key:
+            raise dotenv.DotenvError(f"variable '{key}' contains whitespaces")
+        if found:
+            values[key] = value
+        elif key in environment:
+            values[key] = environment[key]
+    return values
+
+
+def _merge_label_files(service: Dict[str, Any], environment: Dict[str, str], path: str) -> None:
+    """``label_file``: dotenv files of labels, under the service's own labels (which win)."""
+    label_files = service.pop("label_file", None) or []
+    if not label_files:
+        return
+    values: Dict[str, str] = {}
+    for file_path in label_files:
+        try:
+            dotenv.parse(_read(file_path), lambda k: environment.get(k, values.get(k)), into=values)
+        except dotenv.DotenvError as exc:
+            raise ComposeError(f"failed to parse label_file {file_path}: {exc}", path=f"{path}.label_file") from None
+    own = service.get("labels") or {}
+    if isinstance(own, list):
+        own = dict((item.split("=", 1) + [""])[:2] for item in map(str, own))
+    service["labels"] = {**values, **own}
+
+
 # ---- entry point ------------------------------------------------------------------------------
 
 def load_project(options: ProjectOptions) -> Project:
+    files: List[str] = []  # filled in as soon as they are known, to name them in the error below
+    try:
+        return _load_project(options, files)
+    except RecursionError:
+        # Values nested hundreds of levels deep: Compose reads them, Python's recursion limit stops us.
+        raise ComposeError("values nested too deeply to be read (a list or mapping hundreds of levels deep)"
+                           ).located(files[0] if files else None) from None
+
+
+def _load_project(options: ProjectOptions, known_files: List[str]) -> Project:
     environ = dict(os.environ if options.environ is None else options.environ)
-    cwd = options.cwd or os.getcwd()
+    cwd = os.path.abspath(options.cwd or os.getcwd())
     project_dir = _abs(options.project_directory, cwd) if options.project_directory else None
 
     files = [_abs(f, cwd) if f != "-" else f for f in options.files]
@@ -609,7 +725,9 @@ def load_project(options: ProjectOptions) -> Project:
     if not files:
         files = _discover(default_dir)
     working_dir = project_dir or os.path.dirname(files[0])
+    known_files.extend(files)
 
+    ctx = _Context()
     if options.project_name:
         name = _checked_project_name(options.project_name)
     elif environment.get("COMPOSE_PROJECT_NAME"):
@@ -619,7 +737,7 @@ def load_project(options: ProjectOptions) -> Project:
             raise exc.located(None if "COMPOSE_PROJECT_NAME" in environ else _defining_file(
                 env_paths, "COMPOSE_PROJECT_NAME")) from None
     else:
-        name = _name_from_files(files, environment.get)
+        name = _name_from_files(files, environment.get, ctx)
         if name is None:
             name = normalize_project_name(os.path.basename(working_dir))
         elif not name:
@@ -634,7 +752,6 @@ def load_project(options: ProjectOptions) -> Project:
     profiles = list(options.profiles) or [p.strip() for p in environment.get("COMPOSE_PROFILES", "").split(",")]
     profiles = [p for p in profiles if p]
 
-    ctx = _Context()
     model = _Loader(ctx, environment, working_dir).load_model(files)
     if not model:
         raise ComposeError("empty compose file").located(files[0])
@@ -656,6 +773,7 @@ def load_project(options: ProjectOptions) -> Project:
         _check_consistency(model, disabled)
         for sname, service in active.items():
             _merge_env_files(service, environment, f"services.{sname}")
+            _merge_label_files(service, environment, f"services.{sname}")
         config = encode_project(model)  # also checks durations, sizes, counts
     except ComposeError as exc:
         raise _locate(exc, ctx) from None
@@ -676,4 +794,10 @@ def _locate(exc: ComposeError, ctx: _Context) -> ComposeError:
             exc.file, exc.line = doc.filename, doc.line_of(*parts)
         elif parts[1] in ctx.origins:
             exc.file, exc.line = ctx.origins[parts[1]]
+    elif exc.file is None and exc.path:  # a top-level resource: the last document that declares it
+        parts = tuple(p.split("[")[0] for p in exc.path.split("."))[:2]
+        for doc in reversed(ctx.parsed_documents()):
+            if parts in doc.lines:
+                exc.file, exc.line = doc.filename, doc.lines[parts]
+                break
     return exc

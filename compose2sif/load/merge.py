@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Tuple
 
 from compose2sif.errors import ComposeError
-from compose2sif.load.interpolate import path_matches
+from compose2sif.load.interpolate import PathTable, path_matches
 from compose2sif.load.yaml_source import Override, Reset
 from compose2sif.units import go_str
 
@@ -118,10 +118,13 @@ _SPECIAL: Dict[Path, Callable[[Any, Any, Path], Any]] = {
 }
 
 
+_SPECIAL_TABLE = PathTable(_SPECIAL)
+
+
 def merge(base: Any, other: Any, path: Path) -> Any:
-    for pattern, merger in _SPECIAL.items():
-        if path_matches(path, pattern):
-            return merger(base, other, path)
+    merger = _SPECIAL_TABLE.get(path)
+    if merger is not None:
+        return merger(base, other, path)
     if other is None:
         return base
     if isinstance(base, dict):
@@ -292,23 +295,28 @@ _UNIQUE = {
 }
 
 
+_UNIQUE_TABLE = PathTable(_UNIQUE)
+
+
 def enforce_unicity(value: Any, path: Path = ()) -> Any:
     """Drop duplicates from lists that must be unique; a later entry replaces an earlier one."""
     if isinstance(value, dict):
         for k in value:
-            value[k] = enforce_unicity(value[k], path + (str(k),))
+            sub = path + (str(k),)
+            if _UNIQUE_TABLE.leads_somewhere(sub):
+                value[k] = enforce_unicity(value[k], sub)
         return value
     if isinstance(value, list):
-        for pattern, indexer in _UNIQUE.items():
-            if path_matches(path, pattern):
-                seq: List[Any] = []
-                keys: Dict[str, int] = {}
-                for i, entry in enumerate(value):
-                    key = indexer(entry, path + (f"[{i}]",))
-                    if key in keys:
-                        seq[keys[key]] = entry
-                    else:
-                        keys[key] = len(seq)
-                        seq.append(entry)
-                return seq
+        indexer = _UNIQUE_TABLE.get(path)
+        if indexer is not None:
+            seq: List[Any] = []
+            keys: Dict[str, int] = {}
+            for i, entry in enumerate(value):
+                key = indexer(entry, path + (f"[{i}]",))
+                if key in keys:
+                    seq[keys[key]] = entry
+                else:
+                    keys[key] = len(seq)
+                    seq.append(entry)
+            return seq
     return value

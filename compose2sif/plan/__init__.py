@@ -56,17 +56,24 @@ def _instance_name(project: str, service: Service) -> str:
 
 
 def _levels(services: Dict[str, Service]) -> Dict[str, int]:
+    """Start level: 0 for services that depend on nothing, else one above their deepest dependency.
+    Iterative, so that a chain of thousands of services needs no deep recursion (cycles were
+    rejected by the loader)."""
     levels: Dict[str, int] = {}
-
-    def level(name: str) -> int:
-        if name not in levels:
-            levels[name] = 0  # cycles were rejected by the loader
+    for root in services:
+        stack = [root]
+        while stack:
+            name = stack[-1]
+            if name in levels:
+                stack.pop()
+                continue
             deps = [d.service for d in services[name].depends_on if d.service in services]
-            levels[name] = 1 + max((level(d) for d in deps), default=-1)
-        return levels[name]
-
-    for name in services:
-        level(name)
+            missing = [d for d in deps if d not in levels]
+            if missing:
+                stack.extend(missing)
+                continue
+            levels[name] = 1 + max((levels[d] for d in deps), default=-1)
+            stack.pop()
     return levels
 
 
@@ -156,9 +163,10 @@ def _service_net(service: Service, adapter: Optional[image_adapters.Adapter], la
         saw(mapping.target, "ports")
         listens.setdefault(mapping.target, Listen(mapping.target, [], None, mapping.published or "", mapping.host_ip))
     for item in service.raw.get("expose") or []:
-        port = str(item).split("/")[0]
-        if port.isdigit() and not str(item).endswith("/udp"):
-            saw(int(port), "expose")
+        first, _, last = str(item).split("/")[0].partition("-")  # "9000", "7000-7002", "53/udp"
+        if first.isdigit() and (last or first).isdigit() and not str(item).endswith("/udp"):
+            for port in range(int(first), min(int(last or first), int(first) + 100) + 1):
+                saw(port, "expose")
     for port in exposed:
         saw(port, IMAGE_EXPOSE)
     for port, where in sorted(evidence.items()):
@@ -414,6 +422,10 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
         warnings.append("the WORKDIR of the images of " + ", ".join(sorted(unknown_workdir)) + " is unknown (their "
                         "registry was not asked); they start in your home directory unless `working_dir` is set")
     plans.sort(key=lambda p: (p.level, p.name))
+    entry_points = [{"service": p.name, "address": port.address, "port": port.host,
+                     "scheme": "https" if port.how == "tls" else "http", "path": adapters[p.name].entry_path}
+                    for p in plans if adapters[p.name] is not None and adapters[p.name].entry_path
+                    for port in p.ports if port.published and (port.container == 80 or port.how == "tls")]
     tls = None
     if options.tls:
         tls = {"cert": "tls/cert.pem", "key": "tls/key.pem", "ports": tls_ports,
@@ -424,7 +436,7 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
                 port_base=base, hosts=_hosts(services, names, network, warnings), tls=tls,
                 images={k: {"kind": s.kind, "ref": s.ref, "services": s.services, "definition": f"definitions/{k}.def",
                             "sif": f"sif/{k}.sif", "digest": s.digest} for k, s in images.items()},
-                services=plans, configs=configs, warnings=_dedupe(warnings))
+                services=plans, configs=configs, warnings=_dedupe(warnings), entry_points=entry_points)
 
 
 def _hosts(services: Dict[str, Service], names: Dict[str, List[str]], network, warnings: List[str]):
@@ -513,7 +525,8 @@ def image_definitions(project: Project, options: Optional[PlanOptions] = None) -
                        options.image_sources, options.image_configs)
 
 
-_SECRET_FLAG = re.compile(r"^-{1,2}[\w-]*(pass|secret|token|api-key|apikey)[\w-]*$|^-a$", re.IGNORECASE)
+# a flag named for a secret (`--password`, `--auth-token`, `--api-key`), not `--max-num-batched-tokens`
+_SECRET_FLAG = re.compile(r"^-{1,2}[\w-]*(pass(word|wd)?|secret|token|api-?key)(?![a-z])[\w-]*$|^-a$", re.IGNORECASE)
 
 
 def _secret_on_command_line(argv: List[str]) -> Optional[str]:

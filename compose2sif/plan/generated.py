@@ -1,9 +1,9 @@
 """Generated secrets in place of public defaults.
 
 Some projects ship secrets everybody knows (Dify's `DB_PASSWORD=difyai123456`). On a shared node
-every user reaches every loopback address, so those must go. Adapters list the variables and their
-public defaults (``Adapter.secrets``). A variable that is unset, or set to its public default, gets
-a random value, kept 0600 in the output directory (``secrets.env``) and reused on the next convert.
+every user reaches every loopback address, so those must go. Presets list the variables and
+their public defaults (``adapters.PRESET_SECRETS``). A variable that is unset, or set to its public
+default, gets a random value, kept 0600 in the output directory (``secrets.env``) and reused on the next convert.
 The values reach the project through interpolation (the project is loaded again with them in its
 environment, as if the user had set them), and any public default left over in a value (an
 env_file line such as `CELERY_BROKER_URL=redis://:difyai123456@redis:6379/1`) is replaced too.
@@ -16,15 +16,6 @@ import secrets as random
 from typing import Dict, List, Tuple
 
 SECRETS_FILE = "secrets.env"
-
-
-def secret_table(adapters) -> Dict[str, str]:
-    """variable -> public default, from the adapters of a project's services."""
-    table: Dict[str, str] = {}
-    for adapter in adapters:
-        if adapter is not None:
-            table.update(adapter.secrets)
-    return table
 
 
 def read_stored(out_dir: str) -> Dict[str, str]:

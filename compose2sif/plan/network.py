@@ -213,7 +213,7 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
                         warnings.append(message)
                         continue
                     raise ComposeError(message, path=f"services.{s.name}")
-                host, why = -1, f"port {port} is privileged"
+                host, why = -1, f"{host} is privileged"
             wanted.append((s, listen, where, host, why))
 
     # Fixed endpoints claim their place first; movable ones step aside when they clash.
@@ -265,15 +265,14 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
             if other is None and holder is None:
                 record(s, listen, where, host)
                 continue
-            why = (f"port {host} is also used by service {other[0]!r}" if other is not None
-                   else f"port {host} is taken on this node now, by a listener on {holder[0]}")
+            why = (f"{host} is also used by service {other[0]!r}" if other is not None
+                   else f"{host} is taken on this node now (a listener on {holder[0]})")
         new = free_port(where)
         record(s, listen, where, new)
         if all(e in OPTIONAL_EVIDENCE for e in listen.evidence):
             continue  # a port only the image's defaults name: nothing to tell the user yet
-        published = f"published port {listen.published or listen.port}: " if listen.published is not None else ""
-        warnings.append(f"service {s.name!r}: {published}port {listen.port} is served on {where}:{new} ({why}); "
-                        f"it is told through {listen.knob.describe()}")
+        warnings.append(f"service {s.name!r}: {'published ' if listen.published is not None else ''}port {why}; "
+                        f"its port {listen.port} is served on {where}:{new}, told through {listen.knob.describe()}")
 
     for s in services:
         for endpoint in endpoints[s.name].values():

@@ -66,6 +66,7 @@ class Plan:
     configs: Dict[str, str]           # rendered config files: path in the output dir -> content
     warnings: List[str]
     tls: Optional[Dict[str, Any]] = None  # {"cert", "key": paths in the output dir, "source": given files or None}
+    entry_points: List[Dict[str, Any]] = field(default_factory=list)  # published web endpoints `up` prints
 
     def service(self, name: str) -> ServicePlan:
         return next(s for s in self.services if s.name == name)

@@ -99,7 +99,7 @@ for recipe in "$here"/images/*.image; do
     name=$(basename "$recipe" .image)
     done_marker="$dir/oci/.$name.$(image_key "$name").done"
     [ -f "$done_marker" ] && continue
-    PACKAGES="" ENTRYPOINT=() CMD=() ENV=() WORKDIR="" FILES=() POST=""
+    PACKAGES="" ENTRYPOINT=() CMD=() ENV=() WORKDIR="" FILES=() POST="" PIP=""
     # shellcheck disable=SC1090
     . "$recipe"
     log "image $name: $PACKAGES"
@@ -115,6 +115,13 @@ for recipe in "$here"/images/*.image; do
         umount "$rootfs/proc"
         trap stop_registry EXIT
         rm -rf "$rootfs/var/lib/apt/lists"/*
+    fi
+    if [ -n "$PIP" ]; then  # wheels fetched by the host's pip (its index and proxy settings); POST installs them offline
+        pyver=$(chroot "$rootfs" python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+        # shellcheck disable=SC2086
+        python3 -m pip download -q --only-binary=:all: --implementation cp --python-version "$pyver" \
+            --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d "$rootfs/tmp/wheels" $PIP \
+            >"$dir/$name.pip.log" 2>&1 || { tail -20 "$dir/$name.pip.log" >&2; exit 1; }
     fi
     for f in "${FILES[@]}"; do   # "file-in-images/:path-in-image"
         install -D -m 0755 "$here/images/${f%%:*}" "$rootfs/${f#*:}"

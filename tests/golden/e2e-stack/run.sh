@@ -23,9 +23,11 @@ SERVICES=(db llm redis init api worker proxy)
 LEVELS=(0 0 0 1 2 2 3)
 MAX_LEVEL=3
 IMAGES=(c2s-python-test c2s-postgres-test c2s-llama-test c2s-nginx-test c2s-redis-test)
+# web fronts `up` points people at: SERVICE SCHEME ADDRESS PORT PATH
+ENTRY_POINTS=('proxy http 0.0.0.0 18080 /')
 
 # ---- the services (generated) ---------------------------------------------------------------
-svc_db() {
+svc_0_db() {
     S_NAME=db
     S_INSTANCE=c2s-e2e-db
     S_SIF="$HERE/sif/c2s-postgres-test.sif"
@@ -48,7 +50,7 @@ svc_db() {
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
 }
-svc_llm() {
+svc_1_llm() {
     S_NAME=llm
     S_INSTANCE=c2s-e2e-llm
     S_SIF="$HERE/sif/c2s-llama-test.sif"
@@ -71,7 +73,7 @@ svc_llm() {
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
 }
-svc_redis() {
+svc_2_redis() {
     S_NAME=redis
     S_INSTANCE=c2s-e2e-redis
     S_SIF="$HERE/sif/c2s-redis-test.sif"
@@ -94,7 +96,7 @@ svc_redis() {
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
 }
-svc_init() {
+svc_3_init() {
     S_NAME=init
     S_INSTANCE=c2s-e2e-init
     S_SIF="$HERE/sif/c2s-python-test.sif"
@@ -116,7 +118,7 @@ svc_init() {
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
 }
-svc_api() {
+svc_4_api() {
     S_NAME=api
     S_INSTANCE=c2s-e2e-api
     S_SIF="$HERE/sif/c2s-python-test.sif"
@@ -139,7 +141,7 @@ svc_api() {
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
 }
-svc_worker() {
+svc_5_worker() {
     S_NAME=worker
     S_INSTANCE=c2s-e2e-worker
     S_SIF="$HERE/sif/c2s-python-test.sif"
@@ -162,7 +164,7 @@ svc_worker() {
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
 }
-svc_proxy() {
+svc_6_proxy() {
     S_NAME=proxy
     S_INSTANCE=c2s-e2e-proxy
     S_SIF="$HERE/sif/c2s-nginx-test.sif"
@@ -187,13 +189,13 @@ svc_proxy() {
 
 load_service() {
     case "$1" in
-        db) svc_db ;;
-        llm) svc_llm ;;
-        redis) svc_redis ;;
-        init) svc_init ;;
-        api) svc_api ;;
-        worker) svc_worker ;;
-        proxy) svc_proxy ;;
+        db) svc_0_db ;;
+        llm) svc_1_llm ;;
+        redis) svc_2_redis ;;
+        init) svc_3_init ;;
+        api) svc_4_api ;;
+        worker) svc_5_worker ;;
+        proxy) svc_6_proxy ;;
         *) die "no such service: $1 (services: ${SERVICES[*]})" ;;
     esac
 }

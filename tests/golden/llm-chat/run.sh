@@ -23,9 +23,11 @@ SERVICES=(db llm redis api web proxy)
 LEVELS=(0 0 0 1 2 3)
 MAX_LEVEL=3
 IMAGES=(ghcr.io-example-chat-api-latest postgres-16 vllm-vllm-openai-v0.19.1 nginx-1.27-alpine redis-7 build-web)
+# web fronts `up` points people at: SERVICE SCHEME ADDRESS PORT PATH
+ENTRY_POINTS=('proxy http 0.0.0.0 8080 /')
 
 # ---- the services (generated) ---------------------------------------------------------------
-svc_db() {
+svc_0_db() {
     S_NAME=db
     S_INSTANCE=chatapp-db
     S_SIF="$HERE/sif/postgres-16.sif"
@@ -48,7 +50,7 @@ svc_db() {
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
 }
-svc_llm() {
+svc_1_llm() {
     S_NAME=llm
     S_INSTANCE=chatapp-llm
     S_SIF="$HERE/sif/vllm-vllm-openai-v0.19.1.sif"
@@ -71,7 +73,7 @@ svc_llm() {
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
 }
-svc_redis() {
+svc_2_redis() {
     S_NAME=redis
     S_INSTANCE=chatapp-redis
     S_SIF="$HERE/sif/redis-7.sif"
@@ -94,7 +96,7 @@ svc_redis() {
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
 }
-svc_api() {
+svc_3_api() {
     S_NAME=api
     S_INSTANCE=chatapp-api
     S_SIF="$HERE/sif/ghcr.io-example-chat-api-latest.sif"
@@ -116,7 +118,7 @@ svc_api() {
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
 }
-svc_web() {
+svc_4_web() {
     S_NAME=web
     S_INSTANCE=chatapp-web
     S_SIF="$HERE/sif/build-web.sif"
@@ -139,7 +141,7 @@ svc_web() {
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
 }
-svc_proxy() {
+svc_5_proxy() {
     S_NAME=proxy
     S_INSTANCE=chatapp-proxy
     S_SIF="$HERE/sif/nginx-1.27-alpine.sif"
@@ -164,12 +166,12 @@ svc_proxy() {
 
 load_service() {
     case "$1" in
-        db) svc_db ;;
-        llm) svc_llm ;;
-        redis) svc_redis ;;
-        api) svc_api ;;
-        web) svc_web ;;
-        proxy) svc_proxy ;;
+        db) svc_0_db ;;
+        llm) svc_1_llm ;;
+        redis) svc_2_redis ;;
+        api) svc_3_api ;;
+        web) svc_4_web ;;
+        proxy) svc_5_proxy ;;
         *) die "no such service: $1 (services: ${SERVICES[*]})" ;;
     esac
 }

@@ -1,0 +1,87 @@
+"""Dify's front on the real test bed: nginx and the SSRF proxy with the configs compose2sif renders
+from Dify 1.17.1's own templates, PostgreSQL and Redis started with generated secrets, as an
+unprivileged user on a rootless Apptainer. Debian's real nginx, squid, PostgreSQL and Redis stand
+for the images Dify names. Dify's own services (api, web, plugin_daemon) cannot be pulled here:
+STAND-INS answer with the name of the service they stand in for (tests/e2e/dify-front)."""
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent.parent
+DIFY = TESTS.parent.parent / "shared" / "reference" / "dify-1.17.1"
+SQUID_TEMPLATE_STANDIN = (TESTS / "standins" / "dify-squid.conf.template").read_text()
+
+pytestmark = pytest.mark.e2e
+
+OUT = "out-dify"
+FRONT = 18095
+ALLOWED, DENIED = "127.77.0.1", "127.77.0.2"   # two private hosts: one on the SSRF allow-list
+
+
+@pytest.fixture(scope="module")
+def front(node):
+    stack = node.copy_stack("dify-front", source="dify-front")
+    shutil.copytree(DIFY, stack / "dify")
+    (stack / "dify" / "ssrf_proxy" / "squid.conf.template").write_text(SQUID_TEMPLATE_STANDIN)
+    subprocess.run(["chmod", "-R", "u+w", str(stack)], check=True)
+    subprocess.run(["chown", "-R", f"{node.uid}:{node.uid}", str(stack)], check=True)
+    node.run(f"cd ~ && rm -rf {OUT}")
+    for host in (ALLOWED, DENIED):  # plain HTTP servers on two private addresses, as the test's own
+        node.run(f"cd /tmp && nohup setsid python3 -m http.server --bind {host} 18999 >/dev/null 2>&1 &")
+    proc = node.c2s(f"-f dify-front/compose.yaml up -d --preset dify --ssrf-allow {ALLOWED}/32 "
+                    f"--registry-mirror {node.registry} -o {OUT}", timeout=1500)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    yield node, proc
+    node.run(f"cd ~ && {OUT}/run.sh down -v", timeout=300)
+    node.run("pkill -f 'http.server --bind 127.77.0'")
+
+
+def plan(node):
+    return {s["name"]: s for s in json.loads((node.home / OUT / "plan.json").read_text())["services"]}
+
+
+def test_up_prints_the_way_in(front):
+    _, proc = front
+    assert f":{FRONT}/install" in proc.stderr and "ssh -N -L" in proc.stderr
+
+
+def test_rendered_nginx_config_is_valid_and_each_location_reaches_its_upstream(front):
+    node, _ = front
+    check = node.run(f"cd ~ && {OUT}/run.sh exec nginx nginx -t")
+    assert check.returncode == 0, check.stderr
+    for path, upstream in (("/console/api/setup", "api"), ("/api/x", "api"), ("/v1/chat", "api"),
+                           ("/files/f", "api"), ("/explore/apps", "web"), ("/e/hook", "plugin_daemon"),
+                           ("/socket.io/?EIO=4", "api"), ("/", "web"), ("/mcp", "api"), ("/triggers/t", "api")):
+        proc = node.run(f"curl -fsS http://127.0.0.1:{FRONT}{path}", timeout=60)
+        assert proc.returncode == 0, (path, proc.stderr)
+        assert json.loads(proc.stdout)["service"] == upstream, path
+
+
+def test_ssrf_proxy_parses_and_forwards_only_to_allowed_private_hosts(front):
+    node, _ = front
+    proxy = next(p for p in plan(node)["ssrf_proxy"]["ports"] if p["container"] == 3128)
+    assert proxy["address"] != "0.0.0.0"
+    parse = node.run(f"cd ~ && {OUT}/run.sh exec ssrf_proxy squid -k parse -f /etc/squid/squid.conf")
+    assert parse.returncode == 0, parse.stderr
+    via = f"-x http://{proxy['address']}:{proxy['host']}"
+    allowed = node.run(f"curl -s -o /dev/null -w '%{{http_code}}' {via} http://{ALLOWED}:18999/", timeout=60)
+    denied = node.run(f"curl -s -o /dev/null -w '%{{http_code}}' {via} http://{DENIED}:18999/", timeout=60)
+    assert (allowed.stdout, denied.stdout) == ("200", "403")
+
+
+def test_postgres_and_redis_run_with_generated_secrets(front):
+    node, _ = front
+    secrets = dict(line.split("=", 1) for line in (node.home / OUT / "secrets.env").read_text().splitlines()
+                   if "=" in line)
+    assert secrets["DB_PASSWORD"] != "difyai123456" and secrets["REDIS_PASSWORD"] != "difyai123456"
+    services = plan(node)
+    assert services["db_postgres"]["ports"][0]["address"] == services["db_postgres"]["address"] != "0.0.0.0"
+    api = services["api"]
+    for check, expected in (("db", "dify"), ("redis", True)):
+        proc = node.run(f"curl -fsS http://{api['address']}:5001/{check}", timeout=60)
+        assert proc.returncode == 0 and json.loads(proc.stdout)[check] == expected, proc.stderr
+    for process in node.processes():  # neither the public defaults nor the generated values on argv
+        assert "difyai123456" not in process and secrets["REDIS_PASSWORD"] not in process, process
