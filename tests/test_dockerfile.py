@@ -5,6 +5,7 @@ import shlex
 import subprocess
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from compose2sif.errors import ComposeError
 from compose2sif.plan.dockerfile import convert
@@ -101,7 +102,8 @@ def apptainer_sections(definition):
     return sections, stages
 
 
-HOSTILE = ["%setup", "x\n%setup\ntouch /tmp/PWNED", "\xa0%setup", "a\nBootstrap: docker", "x\r\n%pre"]
+HOSTILE = ["%setup", "x\n%setup\ntouch /tmp/PWNED", "\xa0%setup", "a\nBootstrap: docker", "x\r\n%pre",
+           "{{ HOME }} {{\nX}}"]
 
 
 @pytest.mark.parametrize("value", HOSTILE)
@@ -125,6 +127,8 @@ def test_no_value_opens_a_section_or_a_stage(tmp_path, value):
     assert sections == ["%files", "%post", "%environment", "%labels", "%runscript"]
     assert stages == 1
     assert any("LABEL '%setup' is not kept" in w for w in result.warnings)
+    if "{{" in value:  # Apptainer would take it for a build argument: only in the label and raw RUN text
+        assert "{{" not in result.definition
 
 
 @pytest.mark.parametrize("value", HOSTILE)
@@ -191,3 +195,33 @@ def test_copy_from_an_image_becomes_a_stage(tmp_path):
     assert "%files from c2s_image_2\n    /uv /.c2s-build/1/uv\n    /uvx /.c2s-build/3/uvx" in text
     assert "%files from a\n    /etc/os-release" in text
     assert "Stage: c2s_image_2\n\nBootstrap:" in text  # no %post: the image may have no shell
+
+
+_WORDS = ["FROM alpine", "FROM", "AS x", "ARG A", "ARG A=${B:-x}", "ENV", "ENV A=", "LABEL", "RUN", "COPY",
+          "COPY --from=0", "ADD", "WORKDIR", "CMD", "ENTRYPOINT", "SHELL", "USER", "EXPOSE", "<<EOF", "EOF",
+          "%setup", "\n", "\r\n", " ", "\\", "'", '"', "$A", "${A}", "[", "]", '["a"', "\x00", "\xa0", "é", "{{ x }}",
+          "#", "=", ".", "/", "x"]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(_WORDS), max_size=40), st.text(max_size=8))
+def test_random_dockerfiles_convert_or_fail_with_one_line(tmp_path, words, build_arg):
+    """Any text: a definition whose only sections are ours, or one ComposeError line; never a crash."""
+    try:
+        result = convert("FROM alpine\n" + "".join(words), str(tmp_path), {"A": build_arg}, None, "Dockerfile")
+    except ComposeError as exc:
+        assert "\n" not in str(exc)
+        return
+    sections, stages = apptainer_sections(result.definition)
+    assert set(sections) <= {"%files", "%post", "%environment", "%labels", "%runscript"} | {
+        s for s in sections if s.startswith("%files from ")}
+    assert stages == result.definition.count("\nStage: ") + result.definition.startswith("Stage: ")
+    assert sections.count("%runscript") == 1
+
+
+def test_paths_with_spaces_are_quoted_for_files_and_quotes_refused(tmp_path):
+    text = convert('FROM alpine\nCOPY ["my file", "/x/"]\n', str(tmp_path), {}, None, "D").definition
+    assert f'    "{tmp_path}/my file" "/.c2s-build/1/my file"\n' in text
+    assert "cp -a '/.c2s-build/1/my file' /x/" in text
+    with pytest.raises(ComposeError, match="D: line 2: the path .* cannot be staged"):
+        convert('FROM alpine\nCOPY ["a\\"b", "/x/"]\n', str(tmp_path), {}, None, "D")

@@ -138,3 +138,18 @@ def test_offline_convert_says_it_built(tmp_path):
     (image,) = plan["images"].values()
     assert image["kind"] == "build" and any("built from build: instead" in w for w in plan["warnings"])
     assert "Bootstrap: docker\nFrom: python:3.12-slim" in (tmp_path / "out" / image["definition"]).read_text()
+
+
+def test_build_and_image_without_a_dockerfile_pulls_offline(tmp_path):
+    """A clone without the Dockerfile (or --offline): the image can only be pulled, so it is."""
+    project = project_at(tmp_path, BOTH.format(policy="").replace("build: ./app", "build: ./elsewhere"))
+    (source,) = images_of(project).values()
+    assert source.kind == "docker" and "From: example.org/team/app:1.0\n" in source.definition
+    assert any("Dockerfile cannot be read" in w and "is pulled instead" in w for w in source.warnings)
+    project = project_at(tmp_path, BOTH.format(policy="pull_policy: build").replace("build: ./app",
+                                                                                   "build: ./elsewhere"))
+    with pytest.raises(ComposeError, match="cannot read the Dockerfile"):
+        images_of(project)
+    project = project_at(tmp_path, "services: {app: {build: ./elsewhere}}")
+    with pytest.raises(ComposeError, match="cannot read the Dockerfile"):
+        images_of(project)

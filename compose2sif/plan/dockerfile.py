@@ -36,8 +36,10 @@ _HEREDOC = re.compile(r"<<(-?)(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
 
 def sh_quote(value: str) -> str:
     """A shell word for ``value``. A newline is written as a double-quoted newline, so the next
-    line of the definition starts with ``"`` and can never be read as a ``%section``."""
-    return '"\n"'.join(shlex.quote(part) for part in value.split("\n"))
+    line of the definition starts with ``"`` and can never be read as a ``%section``. ``{{`` is
+    written ``{''{`` (the same word: every ``{`` that shlex.quote leaves is inside single quotes),
+    so that Apptainer's ``{{ NAME }}`` build-argument templating never sees a value."""
+    return '"\n"'.join(shlex.quote(part).replace("{{", "{''{") for part in value.split("\n"))
 
 
 def _quote(argv: List[str]) -> str:
@@ -314,7 +316,8 @@ class _Converter:
                 if not _LABEL_KEY.match(key):
                     self.warn(f"LABEL {key!r} is not kept (only letters, digits and ._/- in label names)")
                     continue
-                stage.labels[key] = comment_text(expand(value, self.variables()))
+                # metadata only: one line, and no {{ NAME }} for Apptainer's templating
+                stage.labels[key] = comment_text(expand(value, self.variables())).replace("{{", "{ {")
         elif op == "SHELL":
             argv = _exec_form(args)
             if not argv:
@@ -417,6 +420,7 @@ class _Converter:
         quoted = sh_quote(dest)
         stage.post.append(f"mkdir -p {quoted if into_dir else sh_quote(os.path.dirname(dest))}")
         source_stage = self.source_stage(expand(flags["from"], self.global_args)) if flags.get("from") else None
+        here = f"{self.where}: line {self.line}"
         for source in sources:
             if re.match(r"https?://", source):
                 target = os.path.join(dest, os.path.basename(source)) if into_dir else dest
@@ -427,7 +431,7 @@ class _Converter:
             name = os.path.basename(os.path.normpath(source)) or "context"
             staging = f"{STAGING}/{self.staged}/{name}"
             if source_stage:
-                stage.from_stages.append((source_stage, _files_path(source, self.where), _files_path(staging, self.where)))
+                stage.from_stages.append((source_stage, _files_path(source, here), _files_path(staging, here)))
             else:
                 host = os.path.normpath(os.path.join(self.context, source))
                 context = os.path.normpath(self.context)
@@ -435,7 +439,7 @@ class _Converter:
                     raise self.fail(f"{source} is outside the build context")
                 if any(ch in source for ch in "*?["):
                     self.warn(f"wildcards in {op} are not expanded")
-                stage.files.append((_files_path(host, self.where), _files_path(staging, self.where)))
+                stage.files.append((_files_path(host, here), _files_path(staging, here)))
             staged_q = sh_quote(staging)
             if op == "ADD" and re.search(r"\.(tar|tar\.gz|tgz|tar\.bz2|tar\.xz)$", source) and not source_stage:
                 stage.post.append(f"mkdir -p {quoted} && tar -xf {staged_q} -C {quoted}")

@@ -99,6 +99,14 @@ def _checked(value: Any, path: str) -> str:
     return text
 
 
+class DockerfileMissing(Exception):
+    """The Dockerfile cannot be read: an error, unless the service's image can be pulled instead."""
+
+    def __init__(self, error: ComposeError):
+        super().__init__(str(error))
+        self.error = error
+
+
 def build_args(service: Service) -> Dict[str, Optional[str]]:
     """``build.args`` in either form, map or list (``- NAME=value`` / ``- NAME``); a name without a
     value is resolved from the environment by the loader, and stays unset (None) when it has none."""
@@ -174,11 +182,19 @@ def plan_images(services: List[Service], working_dir: str, mirror: Optional[str]
             choice = "build"
             if service.image:
                 choice, decision_note = pull_or_build(service, image_configs)
-            if choice == "pull":
+            build = None
+            if choice == "build":
+                try:
+                    build = _build(service, working_dir, mirror)
+                except DockerfileMissing as exc:
+                    if not (service.image and decision_note):  # nothing to pull instead
+                        raise exc.error from None
+                    decision_note = (f"service {service.name!r}: its Dockerfile cannot be read "
+                                     f"({exc.error.message}): image {service.image} is pulled instead")
+            if build is None:
                 source = pulled(service.image, f"services.{service.name}.image")
             else:
-                identity, make = _build(service, working_dir, mirror)
-                source = add(identity, make)
+                source = add(*build)
                 if service.image and decision_note is not None:
                     source.pull_candidate = service.image
         elif service.image:
@@ -210,7 +226,8 @@ def _build(service: Service, working_dir: str, mirror: Optional[str]):
             with open(name, "rb") as fh:
                 data = fh.read()
         except OSError as exc:
-            raise ComposeError(f"cannot read the Dockerfile {name}: {exc.strerror}", path=where) from None
+            raise DockerfileMissing(ComposeError(f"cannot read the Dockerfile {name}: {exc.strerror}",
+                                                 path=where)) from None
         try:
             text = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
