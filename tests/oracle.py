@@ -26,6 +26,9 @@ DOCUMENTED_DIFFERENCES = {
     "services.*.x-*": "Compose's JSON drops a service's extension keys (its YAML keeps them); compose2sif "
                       "keeps them in both formats, so that YAML and JSON say the same and the x-compose2sif "
                       "hints stay with their service.",
+    "labels.x-*": "Compose's Go types take a label whose name starts with `x-` for an extension and print it "
+                  "under an internal `#extensions` key; compose2sif keeps it a label. Random projects leave "
+                  "such names out.",
 }
 
 
