@@ -225,7 +225,7 @@ describe_holder() {
 # The endpoints of the given services that something other than this project listens on, one
 # line each ("ADDR:PORT (service NAME) is held by ..."). Services that already run are skipped.
 endpoints_taken() {
-    local name e uid inode endpoints=()
+    local name e uid inode relisted=0 endpoints=()
     declare -A owner=()
     for name in "$@"; do
         load_service "$name"
@@ -235,7 +235,11 @@ endpoints_taken() {
     done
     while read -r e uid inode; do
         describe_holder "$uid" "$inode"
-        [ -n "$HOLDER_PID" ] && in_project "$HOLDER_PID" && continue
+        if [ -n "$HOLDER_PID" ]; then
+            # the listing may predate a service of ours that started since
+            [ "$relisted" = 1 ] || { list_instances; relisted=1; }
+            in_project "$HOLDER_PID" && continue
+        fi
         printf '%s (service %s) is held by %s\n' "$e" "${owner[$e]}" "$HOLDER"
     done < <(endpoint_listeners "${endpoints[@]}")
 }
@@ -608,7 +612,7 @@ cmd_up() {
                 load_service "$name"
                 echo "run.sh: service $name failed: ${st#failed }" >&2
                 case "$st" in
-                    *dependency*) ;;
+                    *dependency* | failed\ endpoint\ *) ;;  # nothing ran
                     *)
                         echo "--- last 20 log lines of $name ---" >&2
                         log_tail 20 >&2
