@@ -20,6 +20,7 @@ detect_runtime() {
         apptainer*) ;;
         *) version_ge "$RT_VERSION" 3.6 || die "$line is too old: --env-file needs Singularity >= 3.6" ;;
     esac
+    [ "${1:-}" = --images-only ] && return 0  # building needs neither
     # With --no-eval (Apptainer >= 1.1) values and the image's CMD are taken literally, as Docker
     # does; without it the runtime evaluates them once more, so the escaped env files are used.
     if "$RT" exec --help 2>/dev/null | grep -- --no-eval >/dev/null; then  # not -q: with pipefail, a SIGPIPE would fail it
@@ -254,7 +255,7 @@ describe_holder() {
 # The endpoints of the given services that something other than this project listens on, one
 # line each ("ADDR:PORT (service NAME) is held by ..."). Services that already run are skipped.
 endpoints_taken() {
-    local name e uid inode endpoints=()
+    local name e uid inode relisted=0 endpoints=()
     declare -A owner=()
     for name in "$@"; do
         load_service "$name"
@@ -264,7 +265,11 @@ endpoints_taken() {
     done
     while read -r e uid inode; do
         describe_holder "$uid" "$inode"
-        [ -n "$HOLDER_PID" ] && in_project "$HOLDER_PID" && continue
+        if [ -n "$HOLDER_PID" ]; then
+            # the listing may predate a service of ours that started since
+            [ "$relisted" = 1 ] || { list_instances; relisted=1; }
+            in_project "$HOLDER_PID" && continue
+        fi
         printf '%s (service %s) is held by %s\n' "$e" "${owner[$e]}" "$HOLDER"
     done < <(endpoint_listeners "${endpoints[@]}")
 }
@@ -669,7 +674,7 @@ cmd_up() {
                 load_service "$name"
                 echo "run.sh: service $name failed: ${st#failed }" >&2
                 case "$st" in
-                    *dependency*) ;;
+                    *dependency* | failed\ endpoint\ *) ;;  # nothing ran
                     *)
                         echo "--- last 20 log lines of $name ---" >&2
                         log_tail 20 >&2
@@ -844,7 +849,7 @@ stop_supervisor() {
 # up to each one's stop_grace_period for them to end, then their instances go and the next level
 # starts while the runtime tears those down. Everything has ended when `down` returns.
 cmd_down() {
-    local volumes=0 level i t name alive outlived scripts=() graces=() names=() starters=()
+    local volumes=0 level i t name alive outlived scripts=() graces=() names=() starters=() stoppers=() pid
     [ "${1:-}" = -v ] || [ "${1:-}" = --volumes ] && volumes=1
     detect_runtime
     mkdir -p "$RUNDIR"
@@ -877,16 +882,22 @@ cmd_down() {
             nap 0.05
         done
         for i in "${!scripts[@]}"; do kill -0 "${scripts[i]}" 2>/dev/null && outlived=1; done
-        for name in "${names[@]}"; do
+        for name in "${names[@]}"; do  # the runtime's stops in parallel (see remove_instance)
             load_service "$name"
             instance_pid
-            remove_instance
-            starters+=("$STARTER")
+            parent_of "$IPID" && starters+=("$PARENT")
+            "$RT" instance stop -t 0 "$S_INSTANCE" >/dev/null 2>&1 &
+            stoppers+=($!)
             rm -f "$(status_file "$name")"
         done
         # a service that outlived its grace period is gone before the next level gets its signal
-        [ "$outlived" = 1 ] && wait_ended "${starters[@]}"
+        if [ "$outlived" = 1 ]; then
+            for pid in "${stoppers[@]}"; do wait "$pid"; done
+            wait_ended "${starters[@]}"
+            stoppers=() starters=()
+        fi
     done
+    for pid in "${stoppers[@]}"; do wait "$pid"; done
     wait_ended "${starters[@]}"
     for name in "${SERVICES[@]}"; do remove_overlay "$name"; done  # what they wrote into their images
     if [ "$volumes" = 1 ]; then
@@ -1034,7 +1045,7 @@ build_one() {
 }
 
 cmd_build() {
-    detect_runtime
+    detect_runtime --images-only
     prepare_state
     mkdir -p "$HERE/sif"
     local key jobs=${C2S_BUILD_JOBS:-2} pids=() keys=() failed=() i

@@ -1,0 +1,120 @@
+"""run.sh's checks of the endpoints (ADDR:PORT) a service listens on, on the real test bed: `up`
+refuses an endpoint that another process holds and names the holder; a service that never
+listens on its planned endpoint fails `up`; "Address already in use" in a service's log is
+explained by who holds the address. The servers are stand-ins (Python one-liners in the test
+Python image, and one started on the node as the holder), named as such below."""
+import json
+import re
+import subprocess
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+STACK = "ports-stack"
+OUT = "ports-out"
+PORT = 28731
+# a stand-in server: listens on $BIND:$PORT and answers HTTP
+SERVER = ("import os, http.server as h; h.ThreadingHTTPServer((os.environ['BIND'], int(os.environ['PORT'])), "
+          "h.SimpleHTTPRequestHandler).serve_forever()")
+# a stand-in listener without SO_REUSEPORT (which Python's http.server may set, letting two share a port)
+LISTENER = ("import os, socket, time; s = socket.socket(); s.bind((os.environ['BIND'], int(os.environ['PORT']))); "
+            "s.listen(); print('listening', flush=True); time.sleep(600)")
+HOLDER = (f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {PORT})); s.listen(); "
+          "time.sleep(600)")
+
+
+def write_stack(node, text):
+    root = node.home / STACK
+    root.mkdir(exist_ok=True)
+    (root / "compose.yaml").write_text(text)
+    subprocess.run(["chown", "-R", f"{node.uid}:{node.uid}", str(root)], check=True)
+
+
+def up(node, env=""):
+    node.c2s(f"-f {STACK}/compose.yaml convert --registry-mirror {node.registry} -o {OUT}", check=True)
+    node.run(f"cd ~ && {OUT}/run.sh build", check=True, timeout=900)
+    return node.run(f"cd ~ && {env} {OUT}/run.sh up -d", timeout=300)
+
+
+def instances(node):
+    proc = node.run("apptainer instance list --json", check=True)
+    return [i["instance"] for i in json.loads(proc.stdout).get("instances", [])]
+
+
+@pytest.fixture
+def bed(node):
+    node.run(f"cd ~ && rm -rf {OUT}")
+    yield node
+    node.run(f"cd ~ && {OUT}/run.sh down", timeout=300)
+    node.run(f"pkill -u {node.uid} -f c2s-port-holder")
+
+
+def test_up_refuses_an_endpoint_held_by_another_process_and_names_it(bed):
+    node = bed
+    write_stack(node, f"""
+services:
+  web:
+    image: c2s/python:test
+    command: [python3, -c, "{SERVER}"]
+    environment: {{BIND: 127.0.0.1, PORT: "{PORT}"}}
+    expose: ["{PORT}"]
+""")
+    # the holder: a stand-in process of the same user, outside the project
+    node.run(f"setsid nohup python3 -c \"{HOLDER}\" c2s-port-holder >/dev/null 2>&1 & sleep 1", check=True)
+    holder = node.run("pgrep -o -u hpc -f c2s-port-holder").stdout.split()[0]
+    proc = up(node)
+    assert proc.returncode != 0
+    assert re.search(rf"endpoint 127\.0\.0\.1:{PORT} \(service web\) is held by pid {holder} "
+                     r"\(python3 -c .*\) of user hpc", proc.stderr), proc.stderr
+    assert "nothing was started" in proc.stderr
+    assert instances(node) == []
+
+
+def test_a_service_that_never_listens_on_its_endpoint_fails_up(bed):
+    node = bed
+    write_stack(node, f"""
+services:
+  quiet:
+    image: c2s/python:test
+    command: [python3, -c, "print('quiet: up, listening nowhere', flush=True); import time; time.sleep(600)"]
+    expose: ["{PORT}"]
+  checked:
+    image: c2s/python:test
+    command: [python3, -c, "import time; time.sleep(600)"]
+    expose: ["{PORT + 1}"]
+    healthcheck: {{test: [CMD, "true"], interval: 1s, timeout: 1s, retries: 2}}
+""")
+    proc = up(node, env="C2S_LISTEN_TIMEOUT=3")
+    assert proc.returncode != 0
+    assert f"service quiet failed: does not listen on 127.0.0.1:{PORT} 3 s after it started" in proc.stderr, \
+        proc.stderr
+    assert "quiet: up, listening nowhere" in proc.stderr  # its log tail
+    # with a healthcheck: within its window (retries x (interval + timeout)), even though the probe passes
+    assert f"service checked failed: does not listen on 127.0.0.1:{PORT + 1} 4 s after it started" in proc.stderr
+
+
+def test_address_already_in_use_is_explained_by_its_holder(bed):
+    node = bed
+    # `first` listens on an address the planner does not know of (no expose), the one `second` is planned on
+    write_stack(node, f"""
+services:
+  first:
+    image: c2s/python:test
+    command: [python3, -c, "{LISTENER}"]
+    environment: {{BIND: 127.0.0.1, PORT: "{PORT}"}}
+    healthcheck: {{test: [CMD, python3, -c, "import socket; socket.create_connection(('127.0.0.1', {PORT}), 1)"],
+                  interval: 1s, retries: 5}}
+  second:
+    image: c2s/python:test
+    command: [python3, -c, "{LISTENER}"]
+    environment: {{BIND: 127.0.0.1, PORT: "{PORT}"}}
+    expose: ["{PORT}"]
+    depends_on: {{first: {{condition: service_healthy}}}}
+""")
+    proc = up(node)
+    assert proc.returncode != 0
+    assert "service second failed" in proc.stderr and "Address already in use" in proc.stderr, proc.stderr
+    first_pid = node.run("pgrep -o -u hpc -f 'socket.socket[(][)]'").stdout.split()[0]
+    assert re.search(rf"service second could not listen on 127\.0\.0\.1:{PORT}: held by pid {first_pid} "
+                     r"\(python3 -c .*\) of user hpc", proc.stderr), proc.stderr
