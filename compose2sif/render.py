@@ -116,18 +116,10 @@ def _tmp_source(service: ServicePlan) -> str:
     return f"{service.name}-tmp-missing"
 
 
-def _endpoint(port: PortPlan, plan: Plan) -> str:
+def _endpoint(port: PortPlan) -> str:
     """ADDR:PORT the service listens on, for run.sh; suffixed `?` when it may never be opened (run.sh
-    then checks only that it is free, not that it listens)."""
-    return f"{port.address}:{port.host}" + ("" if _required(port, plan) else "?")
-
-
-def _required(port: PortPlan, plan: Plan) -> bool:
-    if hasattr(port, "required"):
-        return port.required
-    # a planner without `required`: nginx's 443 comes from its image profile, and nothing listens
-    # there unless --tls renders a TLS server
-    return not (port.how == "nginx" and port.container == 443 and not plan.tls)
+    then checks only that it is free, not that it listens). With --tls, nginx's 443 is ours to open."""
+    return f"{port.address}:{port.host}" + ("" if port.required or port.how == "tls" else "?")
 
 
 def render_runner(plan: Plan) -> str:
@@ -141,7 +133,7 @@ def render_runner(plan: Plan) -> str:
                           "kind": b.kind})
         # a function per service, named by its position: `a-b` and `a_b` must not share one
         services.append({**s.__dict__, "fn": f"{len(services)}_{re.sub(r'[^A-Za-z0-9_]', '_', s.name)}", "binds": binds,
-                         "tmp": _tmp_source(s), "endpoints": [_endpoint(p, plan) for p in s.ports]})
+                         "tmp": _tmp_source(s), "endpoints": [_endpoint(p) for p in s.ports]})
     header = env.get_template("run.sh.j2").render(project=plan.project, compose_files=plan.compose_files,
                                                   state_dir=plan.state_dir, services=services,
                                                   images=list(plan.images), entry_points=plan.entry_points)

@@ -139,8 +139,6 @@ class Squid(Adapter):
                     text = nginx.envsubst(fh.read().replace("\r\n", "\n"), env)
                 if endpoint is not None:
                     text = re.sub(r"(?m)^(\s*http_port\s+)\S+", rf"\g<1>{endpoint.address}:{endpoint.host}", text)
-                text = re.sub(r"(?m)^(\s*tcp_outgoing_address\s+)0\.0\.0\.0\b.*$", r"# \g<0>  (compose2sif: any)",
-                              text)
                 target = bind.target[: -len(".template")]
                 draft.configs[f"{root}{target}"] = draft.refs.rewrite(text, draft.name)
                 rendered.append(target)
