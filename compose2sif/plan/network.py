@@ -33,6 +33,7 @@ ADDRESS_BLOCKS = 254 * 256        # 127.1.0.0/24 .. 127.254.255.0/24
 WILDCARD = "0.0.0.0"
 IMAGE_EXPOSE, IMAGE_DEFAULT = "image EXPOSE", "image default"
 OPTIONAL_EVIDENCE = (IMAGE_EXPOSE, IMAGE_DEFAULT)  # an image may never open such a port: not checked at run time
+DECLARED = ("ports", "expose")  # what the compose file declares (Docker publishes a port nobody opens, too)
 
 
 def default_port_base(project: str, uid: Optional[int] = None) -> int:
@@ -237,7 +238,7 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
         taken.append(((where, host), s.name, listen))
         endpoints[s.name][listen.port] = Endpoint(
             listen.port, host, where, listen.published is not None, listen.knob, list(listen.evidence),
-            required=any(e not in OPTIONAL_EVIDENCE for e in listen.evidence))
+            required=any(e not in OPTIONAL_EVIDENCE + DECLARED for e in listen.evidence))
 
     for s, listen, where, host, why in [w for w in wanted if w[1].knob is None]:
         other = clash((where, host))

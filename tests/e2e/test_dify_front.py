@@ -32,12 +32,14 @@ def front(node):
     for host in (ALLOWED, DENIED):  # plain HTTP servers on two private addresses, as the test's own
         # (the subshell's own output closed too: node.run waits until nothing holds its pipes)
         node.run(f"cd /tmp && (setsid python3 -m http.server --bind {host} 18999 &) </dev/null >/dev/null 2>&1")
-    proc = node.c2s(f"-f dify-front/compose.yaml up -d --preset dify --ssrf-allow {ALLOWED}/32 "
-                    f"--registry-mirror {node.registry} -o {OUT}", timeout=1500)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    yield node, proc
-    node.run(f"cd ~ && {OUT}/run.sh down -v", timeout=300)
-    node.run("pkill -f 'http.server --bind 127.77.0'")
+    try:
+        proc = node.c2s(f"-f dify-front/compose.yaml up -d --preset dify --ssrf-allow {ALLOWED}/32 "
+                        f"--registry-mirror {node.registry} -o {OUT}", timeout=1500)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        yield node, proc
+    finally:  # also after a failed up: nothing of it may stay for the next tests
+        node.run(f"cd ~ && {OUT}/run.sh down -v", timeout=300)
+        node.run("pkill -f 'http.server --bind 127.77.0'")
 
 
 def plan(node):

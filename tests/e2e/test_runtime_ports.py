@@ -20,8 +20,12 @@ SERVER = ("import os, http.server as h; h.ThreadingHTTPServer((os.environ['BIND'
 # a stand-in listener without SO_REUSEPORT (which Python's http.server may set, letting two share a port)
 LISTENER = ("import os, socket, time; s = socket.socket(); s.bind((os.environ['BIND'], int(os.environ['PORT']))); "
             "s.listen(); print('listening', flush=True); time.sleep(600)")
-HOLDER = (f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {PORT})); s.listen(); "
+# the holder takes the port on every address, so it blocks the service's own one too
+HOLDER = (f"import socket, time; s = socket.socket(); s.bind(('0.0.0.0', {PORT})); s.listen(); "
           "time.sleep(600)")
+# a listener the planner cannot see: its address and port come from variables it does not read
+HIDDEN = ("import os, socket, time; s = socket.socket(); s.bind((os.environ['LISTEN_ON'], int(os.environ['P']))); "
+          "s.listen(); print('listening', flush=True); time.sleep(600)")
 
 
 def write_stack(node, text):
@@ -31,10 +35,18 @@ def write_stack(node, text):
     subprocess.run(["chown", "-R", f"{node.uid}:{node.uid}", str(root)], check=True)
 
 
-def up(node, env=""):
+def up(node, env="", before_up=None):
     node.c2s(f"-f {STACK}/compose.yaml convert --registry-mirror {node.registry} -o {OUT}", check=True)
     node.run(f"cd ~ && {OUT}/run.sh build", check=True, timeout=900)
+    if before_up:
+        before_up()
     return node.run(f"cd ~ && {env} {OUT}/run.sh up -d", timeout=300)
+
+
+def endpoint(node, service, port):
+    plan = json.loads((node.home / OUT / "plan.json").read_text())
+    return next(f"{p['address']}:{p['host']}" for s in plan["services"] if s["name"] == service
+                for p in s["ports"] if p["container"] == port)
 
 
 def instances(node):
@@ -60,12 +72,15 @@ services:
     environment: {{BIND: 127.0.0.1, PORT: "{PORT}"}}
     expose: ["{PORT}"]
 """)
-    # the holder: a stand-in process of the same user, outside the project
-    node.run(f"setsid nohup python3 -c \"{HOLDER}\" c2s-port-holder >/dev/null 2>&1 & sleep 1", check=True)
+    # the holder: a stand-in process of the same user, outside the project, started after convert
+    # (convert would have planned around it)
+    def start_holder():
+        node.run(f"setsid nohup python3 -c \"{HOLDER}\" c2s-port-holder >/dev/null 2>&1 & sleep 1", check=True)
+    proc = up(node, before_up=start_holder)
     holder = node.run("pgrep -o -u hpc -f c2s-port-holder").stdout.split()[0]
-    proc = up(node)
     assert proc.returncode != 0
-    assert re.search(rf"endpoint 127\.0\.0\.1:{PORT} \(service web\) is held by pid {holder} "
+    planned = re.escape(endpoint(node, "web", PORT))
+    assert re.search(rf"endpoint {planned} \(service web\) is held by pid {holder} "
                      r"\(python3 -c .*\) of user hpc", proc.stderr), proc.stderr
     assert "nothing was started" in proc.stderr
     assert instances(node) == []
@@ -78,43 +93,45 @@ services:
   quiet:
     image: c2s/python:test
     command: [python3, -c, "print('quiet: up, listening nowhere', flush=True); import time; time.sleep(600)"]
-    expose: ["{PORT}"]
+    environment: {{PORT: "{PORT}"}}
   checked:
     image: c2s/python:test
     command: [python3, -c, "import time; time.sleep(600)"]
-    expose: ["{PORT + 1}"]
+    environment: {{PORT: "{PORT + 1}"}}
     healthcheck: {{test: [CMD, "true"], interval: 1s, timeout: 1s, retries: 2}}
 """)
     proc = up(node, env="C2S_LISTEN_TIMEOUT=3")
     assert proc.returncode != 0
-    assert f"service quiet failed: does not listen on 127.0.0.1:{PORT} 3 s after it started" in proc.stderr, \
-        proc.stderr
+    assert f"service quiet failed: does not listen on {endpoint(node, 'quiet', PORT)} 3 s after it started" \
+        in proc.stderr, proc.stderr
     assert "quiet: up, listening nowhere" in proc.stderr  # its log tail
     # with a healthcheck: within its window (retries x (interval + timeout)), even though the probe passes
-    assert f"service checked failed: does not listen on 127.0.0.1:{PORT + 1} 4 s after it started" in proc.stderr
+    assert f"service checked failed: does not listen on {endpoint(node, 'checked', PORT + 1)} 4 s after it started" \
+        in proc.stderr
 
 
 def test_address_already_in_use_is_explained_by_its_holder(bed):
     node = bed
-    # `first` listens on an address the planner does not know of (no expose), the one `second` is planned on
+    # `first` listens where the planner cannot see (every address, from variables it does not read),
+    # which covers the address `second` is planned on
     write_stack(node, f"""
 services:
   first:
     image: c2s/python:test
-    command: [python3, -c, "{LISTENER}"]
-    environment: {{BIND: 127.0.0.1, PORT: "{PORT}"}}
+    command: [python3, -c, "{HIDDEN}"]
+    environment: {{LISTEN_ON: 0.0.0.0, P: "{PORT}"}}
     healthcheck: {{test: [CMD, python3, -c, "import socket; socket.create_connection(('127.0.0.1', {PORT}), 1)"],
                   interval: 1s, retries: 5}}
   second:
     image: c2s/python:test
     command: [python3, -c, "{LISTENER}"]
-    environment: {{BIND: 127.0.0.1, PORT: "{PORT}"}}
-    expose: ["{PORT}"]
+    environment: {{BIND: 0.0.0.0, PORT: "{PORT}"}}
     depends_on: {{first: {{condition: service_healthy}}}}
 """)
     proc = up(node)
     assert proc.returncode != 0
     assert "service second failed" in proc.stderr and "Address already in use" in proc.stderr, proc.stderr
     first_pid = node.run("pgrep -o -u hpc -f 'socket.socket[(][)]'").stdout.split()[0]
-    assert re.search(rf"service second could not listen on 127\.0\.0\.1:{PORT}: held by pid {first_pid} "
+    planned = re.escape(endpoint(node, "second", PORT))
+    assert re.search(rf"service second could not listen on {planned}: held by pid {first_pid} "
                      r"\(python3 -c .*\) of user hpc", proc.stderr), proc.stderr

@@ -163,7 +163,7 @@ svc_5_proxy() {
     S_BINDS=(state/services/proxy/scratch/var_cache_nginx:/var/cache/nginx state/services/proxy/scratch/var_run:/var/run state/services/proxy/scratch/run:/run state/services/proxy/scratch/var_log_nginx:/var/log/nginx state/services/proxy/scratch/var_lib_nginx:/var/lib/nginx state/services/proxy/scratch/tmp:/tmp config/proxy/root/etc/nginx/conf.d:/etc/nginx/conf.d:ro)
     S_MKDIRS=(state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_run state/services/proxy/scratch/run state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx state/services/proxy/scratch/tmp)
     S_EMPTY=(state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_run state/services/proxy/scratch/run state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx state/services/proxy/scratch/tmp)
-    S_ENDPOINTS=(0.0.0.0:8080 '127.45.3.5:30000?')
+    S_ENDPOINTS=('0.0.0.0:8080?' '127.45.3.5:30000?')
     S_HEALTH=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
     S_STOP_SIGNAL=SIGTERM
