@@ -157,6 +157,13 @@ class NetworkPlan:
         return self.own[service] if address in (WILDCARD, "::") else address
 
 
+def _proves_listener(evidence: str) -> bool:
+    """What `up` may hold a service to: it, or a client, says it listens there. Not the image's
+    defaults, not a declaration (`ports`, `expose`), not a `FOO_PORT` variable."""
+    return evidence not in OPTIONAL_EVIDENCE + DECLARED and not (
+        evidence.startswith("variable ") and evidence != "variable PORT")
+
+
 def _hint_for(service: str, port: int, address: bool) -> str:
     ports = f'x-compose2sif: {{ports: {{"{port}": {{env: VAR}}}}}}'
     text = (f"add to service {service!r} `{ports}` naming the variable it reads its port from "
@@ -238,7 +245,7 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
         taken.append(((where, host), s.name, listen))
         endpoints[s.name][listen.port] = Endpoint(
             listen.port, host, where, listen.published is not None, listen.knob, list(listen.evidence),
-            required=any(e not in OPTIONAL_EVIDENCE + DECLARED for e in listen.evidence))
+            required=any(_proves_listener(e) for e in listen.evidence))
 
     for s, listen, where, host, why in [w for w in wanted if w[1].knob is None]:
         other = clash((where, host))

@@ -35,8 +35,8 @@ def write_stack(node, text):
     subprocess.run(["chown", "-R", f"{node.uid}:{node.uid}", str(root)], check=True)
 
 
-def up(node, env="", before_up=None):
-    node.c2s(f"-f {STACK}/compose.yaml convert --registry-mirror {node.registry} -o {OUT}", check=True)
+def up(node, env="", before_up=None, options=""):
+    node.c2s(f"-f {STACK}/compose.yaml convert --registry-mirror {node.registry} -o {OUT} {options}", check=True)
     node.run(f"cd ~ && {OUT}/run.sh build", check=True, timeout=900)
     if before_up:
         before_up()
@@ -112,15 +112,15 @@ services:
 
 def test_address_already_in_use_is_explained_by_its_holder(bed):
     node = bed
-    # `first` listens where the planner cannot see (every address, from variables it does not read),
-    # which covers the address `second` is planned on
+    # `first` listens where the planner cannot see (from variables it does not read): on the address
+    # `second` is planned on (127.45.3.3 in this address block: services take .2, .3... by name)
     write_stack(node, f"""
 services:
   first:
     image: c2s/python:test
     command: [python3, -c, "{HIDDEN}"]
-    environment: {{LISTEN_ON: 0.0.0.0, P: "{PORT}"}}
-    healthcheck: {{test: [CMD, python3, -c, "import socket; socket.create_connection(('127.0.0.1', {PORT}), 1)"],
+    environment: {{LISTEN_ON: 127.45.3.3, P: "{PORT}"}}
+    healthcheck: {{test: [CMD, python3, -c, "import socket; socket.create_connection(('127.45.3.3', {PORT}), 1)"],
                   interval: 1s, retries: 5}}
   second:
     image: c2s/python:test
@@ -128,7 +128,7 @@ services:
     environment: {{BIND: 0.0.0.0, PORT: "{PORT}"}}
     depends_on: {{first: {{condition: service_healthy}}}}
 """)
-    proc = up(node)
+    proc = up(node, options="--address-block 127.45.3.0/24")
     assert proc.returncode != 0
     assert "service second failed" in proc.stderr and "Address already in use" in proc.stderr, proc.stderr
     first_pid = node.run("pgrep -o -u hpc -f 'socket.socket[(][)]'").stdout.split()[0]
