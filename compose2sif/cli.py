@@ -175,7 +175,12 @@ def _convert(state: "_State", output=None, registry_mirror=None, image_sources=(
             exc.file, exc.line = project.locate(exc.path.split(".")[1])
         raise
     images = image_definitions(project, options)  # with the registry's answers: build + image may pull
-    extra = render.write(plan, images, out_dir)
+    try:
+        extra = render.write(plan, images, out_dir)
+    except ComposeError as exc:
+        if exc.file is None and exc.path and exc.path.startswith("services."):
+            exc.file, exc.line = project.locate(exc.path.split(".")[1])
+        raise
     if chosen:
         render.write_private(out_dir, generated.SECRETS_FILE, generated.file_text(chosen))
         click.echo(f"secrets: {len(chosen)} public default(s) replaced by generated values, kept in "

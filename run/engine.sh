@@ -57,6 +57,39 @@ env_file() { printf '%s' "${S_ENV%.env}$ENV_SUFFIX"; }
 version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" = "$2" ]; }
 
 # ---- small helpers --------------------------------------------------------------------------
+# rm -rf only what lies inside the output directory once its parent is resolved: a link planted
+# there must not send a delete elsewhere (a link itself is removed, not followed).
+rm_inside() {
+    local path parent root
+    root=$(cd "$HERE" && pwd -P)
+    for path in "$@"; do
+        [ -e "$path" ] || [ -L "$path" ] || continue
+        parent=$(readlink -m -- "$(dirname -- "$path")") || die "cannot resolve $path"
+        case "$parent/$(basename -- "$path")" in
+            */. | */..) die "refusing to delete $path" ;;
+            "$root"/?*) rm -rf -- "${parent:?}/$(basename -- "$path")" ;;
+            *) die "refusing to delete $path: it lies in $parent, outside $root" ;;
+        esac
+    done
+}
+
+# The directories run.sh writes in are real directories of the output dir, never planted links.
+check_sealed() {
+    local d
+    for d in "$STATE" "$HERE/sif" "$HERE/definitions" "$HERE/env"; do
+        [ -L "$d" ] && die "$d is a symbolic link; compose2sif does not follow links in its output directory (remove it)"
+    done
+    return 0
+}
+
+# A JSON string of $1 (control characters other than \n \t \r become `?`).
+json_str() {
+    local s=$1
+    s=${s//\\/\\\\} s=${s//\"/\\\"} s=${s//$'\n'/\\n} s=${s//$'\t'/\\t} s=${s//$'\r'/\\r}
+    s=${s//[$'\001'-$'\037'$'\177']/?}
+    printf '"%s"' "$s"
+}
+
 abs() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$HERE/$1" ;; esac; }
 
 # The first line of a file, read without a child process ("" when there is none).
@@ -410,7 +443,7 @@ runtime_flags() {
     [ "$S_WRITABLE_TMPFS" = 1 ] && root=tmpfs
     case "$root" in
         overlay)
-            rm -rf "$STATE/overlay/$S_NAME" && mkdir -p "$STATE/overlay/$S_NAME"
+            rm_inside "$STATE/overlay/$S_NAME" && mkdir -p "$STATE/overlay/$S_NAME"
             FLAGS+=(--overlay "$STATE/overlay/$S_NAME")
             ;;
         tmpfs) FLAGS+=(--writable-tmpfs) ;;
@@ -421,7 +454,7 @@ runtime_flags() {
 
 prepare_dirs() {
     local d
-    for d in "${S_EMPTY[@]}"; do rm -rf "$(abs "$d")"; done
+    for d in "${S_EMPTY[@]}"; do rm_inside "$(abs "$d")"; done
     for d in "${S_MKDIRS[@]}"; do [ -e "$(abs "$d")" ] || mkdir -p "$(abs "$d")"; done
 }
 
@@ -790,7 +823,7 @@ stop_service() {
         remove_instance
         wait_ended "$STARTER"
     fi
-    rm -rf "$STATE/overlay/$name"  # what it wrote into its image goes with it, as under Docker
+    rm_inside "$STATE/overlay/$name"  # what it wrote into its image goes with it, as under Docker
     rm -f "$(status_file "$name")"
 }
 
@@ -859,7 +892,7 @@ cmd_down() {
     wait_ended "${starters[@]}"
     if [ "$volumes" = 1 ]; then
         note "removing volumes in $STATE/volumes"
-        rm -rf "$STATE/volumes"
+        rm_inside "$STATE/volumes"
     fi
 }
 
@@ -906,13 +939,15 @@ cmd_ps() {
             e=${e%\?}
             ports+=${ports:+,}${e##*:}
             endpoints+=${endpoints:+,}$e
-            quoted+=${quoted:+,}\"$e\"
+            quoted+=${quoted:+,}$(json_str "$e")
         done
         if [ "$json" = 1 ]; then
             [ "$first" = 1 ] || printf ','
             first=0
-            printf '{"service":"%s","instance":"%s","state":"%s","exit_code":%s,"health":"%s","ports":[%s],"endpoints":[%s]}' \
-                "$name" "$S_INSTANCE" "$st" "${rc:-null}" "$health" "$ports" "$quoted"
+            case "$rc" in '' | *[!0-9-]*) rc=null ;; esac
+            printf '{"service":%s,"instance":%s,"state":%s,"exit_code":%s,"health":%s,"ports":[%s],"endpoints":[%s]}' \
+                "$(json_str "$name")" "$(json_str "$S_INSTANCE")" "$(json_str "$st")" "$rc" "$(json_str "$health")" \
+                "$ports" "$quoted"
         else
             [ "$st" = exited ] && st="exited($rc)"
             printf '%-20s %-28s %-10s %-10s %s\n' "$name" "$S_INSTANCE" "$st" "$health" "$endpoints"
@@ -1027,6 +1062,7 @@ cmd_build() {
 main() {
     local command=${1:-}
     shift || true
+    check_sealed
     case "$command" in
         up) cmd_up "$@" ;;
         down) cmd_down "$@" ;;
