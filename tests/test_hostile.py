@@ -368,3 +368,36 @@ def test_rm_inside_refuses_what_resolves_outside(simple, tmp_path):
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     assert proc.returncode == 1 and "outside" in proc.stderr, proc.stderr
     assert not (out / "state" / "gone").exists() and (victim / ".bashrc").exists()
+
+
+# ---- fuzz: convert, then ps and down of what it wrote ----------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from test_names_and_fuzz import hostile_projects  # noqa: E402
+
+
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(project=hostile_projects())
+def test_convert_ps_down_of_a_hostile_project_succeed_or_fail_with_one_line(tmp_path_factory, project):
+    text, dotenv, project_name = project
+    work = tmp_path_factory.mktemp("fuzz")
+    (work / "compose.yaml").write_text(text, encoding="utf-8", errors="surrogateescape")
+    (work / ".env").write_text(dotenv, encoding="utf-8", errors="surrogateescape")
+    env = {"PATH": f"{STANDIN.parent}:/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8", "PYTHONPATH": str(REPO),
+           "C2S_RUNTIME": str(STANDIN), "C2S_RECORD": str(work / "record")}
+    project_name = (project_name or "").replace("\0", "")  # argv cannot carry a NUL
+    args = [sys.executable, "-m", "compose2sif", *(["-p", project_name] if project_name else [])]
+    convert = subprocess.run([*args, "convert", "--offline", "-o", str(work / "out")], cwd=work, env=env,
+                             capture_output=True, text=True, errors="replace", timeout=120)
+    assert "Traceback" not in convert.stderr and "internal error" not in convert.stderr, convert.stderr
+    if convert.returncode != 0:
+        _one_error_line(convert)
+        return
+    for verb in (["ps"], ["ps", "--format", "json"], ["down"]):
+        proc = subprocess.run([*args, verb[0], "-o", str(work / "out"), *verb[1:]], cwd=work, env=env,
+                              capture_output=True, text=True, errors="replace", timeout=120)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (verb, proc.stderr)
+        if verb[1:]:
+            json.loads(proc.stdout)
