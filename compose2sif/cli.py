@@ -337,6 +337,23 @@ def exec_(state: _State, output, service, command):
 
 
 @cli.command()
+@click.option("-o", "--output", metavar="DIR", help="Output directory whose planned endpoints are checked.")
+@click.pass_obj
+def doctor(state: _State, output):
+    """What on this node would stop the project: ok, warn or fail lines with the fix; exit 1 on a fail."""
+    from compose2sif import doctor as checks
+    if output is None:
+        try:
+            output = _existing_output(state, None)
+        except ComposeError:  # no project here: the node is checked all the same
+            output = None
+    lines = checks.report(output)
+    for level, text in lines:
+        click.echo(f"{level:<4} {text}")
+    sys.exit(1 if any(level == "fail" for level, _ in lines) else 0)
+
+
+@cli.command()
 @click.option("--scheduler", type=click.Choice(["pjm", "slurm"]), required=True)
 @click.option("--service", help="The service to serve (default: the one with GPUs).")
 @click.option("--group", help="PJM resource group (rscgrp) or Slurm partition.")

@@ -59,3 +59,23 @@ def test_hostile_values_stay_data_on_the_real_runtime(hostile, runtime):
         if verb == "ps --format json":
             assert [r["service"] for r in json.loads(proc.stdout)] == ["app"]
     assert node.run("ls /tmp/PWNED-* 2>/dev/null").stdout == "", "a value ran a command on the node"
+
+
+def test_doctor_on_the_node_healthy_and_with_a_taken_port(node):
+    stack = node.home / "doctor-stack"
+    stack.mkdir(exist_ok=True)
+    (stack / "compose.yaml").write_text('services:\n  cache:\n    image: c2s/redis:test\n'
+                                        '    ports: ["127.0.0.1:18655:6379"]\n')
+    subprocess.run(["chown", "-R", f"{node.uid}:{node.uid}", str(stack)], check=True)
+    proc = node.c2s("-f doctor-stack/compose.yaml convert --offline -o out-doctor", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    healthy = node.c2s("doctor -o out-doctor", timeout=300)
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    for expected in ("ok   runtime: apptainer 1.4.5", "ok   mode: unprivileged (user namespaces)",
+                     "ok   instances: `apptainer instance list` works", "ok   service cache: 127.0.0.1:18655 is free"):
+        assert expected in healthy.stdout, healthy.stdout
+    holder = ("python3 -c 'import socket,time; s=socket.socket(); s.bind((\"127.0.0.1\", 18655)); s.listen(); "
+              "time.sleep(30)' & sleep 1; ")
+    taken = node.run(f"cd ~; {holder} python3 -m compose2sif doctor -o out-doctor; echo rc=$?; kill %1", timeout=300)
+    assert "rc=1" in taken.stdout, taken.stdout + taken.stderr
+    assert "fail service cache: 127.0.0.1:18655 is taken (held by python3, pid" in taken.stdout, taken.stdout
