@@ -13,6 +13,7 @@ cluster and run ``./run.sh up`` there with nothing but bash and apptainer/singul
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import re
@@ -120,6 +121,40 @@ def _open_dir(out_dir: str, parts: List[str]) -> int:
     return fd
 
 
+# Clients that read a password from the environment instead of their command line.
+_PASSWORD_VARIABLES = {"mysqladmin": "MYSQL_PWD", "mysql": "MYSQL_PWD", "redis-cli": "REDISCLI_AUTH"}
+_SHELL_PASSWORD = re.compile(r"\b(mysqladmin|mysql)\b.*\s(-p\S|--password=)|\bredis-cli\b.*\s(-a|--pass)\s")
+
+
+def health_secret(service: ServicePlan):
+    """A password on a healthcheck's command line is in the node's process list, for every user, at
+    every probe. In the CMD form of mysqladmin/mysql (-pPW, --password=PW) and redis-cli (-a PW) it is
+    moved to the probe's own env file (MYSQL_PWD, REDISCLI_AUTH); in a CMD-SHELL it cannot be, and is
+    warned about. Returns (test, environment to add, warning or None)."""
+    test = list((service.healthcheck or {}).get("test") or [])
+    if test[:1] == ["CMD"] and len(test) > 1 and os.path.basename(test[1]) in _PASSWORD_VARIABLES:
+        variable = _PASSWORD_VARIABLES[os.path.basename(test[1])]
+        kept, secret, args, i = [], None, test[2:], 0
+        while i < len(args):
+            arg = args[i]
+            if variable == "MYSQL_PWD" and arg.startswith("-p") and len(arg) > 2:
+                secret = arg[2:]
+            elif variable == "MYSQL_PWD" and arg.startswith("--password="):
+                secret = arg.split("=", 1)[1]
+            elif variable == "REDISCLI_AUTH" and arg in ("-a", "--pass") and i + 1 < len(args):
+                secret, i = args[i + 1], i + 1
+            else:
+                kept.append(arg)
+            i += 1
+        if secret is not None:
+            return ["CMD", test[1], *kept], {variable: secret}, None
+    if test[:1] == ["CMD-SHELL"] and len(test) > 1 and _SHELL_PASSWORD.search(" " + test[1] + " "):
+        return test, {}, (f"service {service.name!r}: its healthcheck passes a password on a command line, which "
+                          "every user of the node sees in the process list at each probe; write it in the CMD form "
+                          "(compose2sif then moves the password to the environment) or set MYSQL_PWD/REDISCLI_AUTH")
+    return test, {}, None
+
+
 def _write(out_dir: str, relative: str, text: str, mode: int = 0o600) -> None:
     """Write OUT_DIR/RELATIVE to a new file, then rename it into place: O_EXCL|O_NOFOLLOW, so a
     planted link is replaced, never written through."""
@@ -174,7 +209,8 @@ def render_runner(plan: Plan) -> str:
             binds.append({"spec": spec, "host": b.source, "create": b.create or b.kind in ("volume", "scratch", "tmpfs"),
                           "kind": b.kind})
         # a function per service, named by its position: `a-b` and `a_b` must not share one
-        services.append({**s.__dict__, "fn": f"{len(services)}_{re.sub(r'[^A-Za-z0-9_]', '_', s.name)}", "binds": binds,
+        health = {**s.healthcheck, "test": health_secret(s)[0]} if s.healthcheck else None
+        services.append({**s.__dict__, "healthcheck": health, "fn": f"{len(services)}_{re.sub(r'[^A-Za-z0-9_]', '_', s.name)}", "binds": binds,
                          "tmp": _tmp_source(s), "endpoints": [_endpoint(p, plan) for p in s.ports]})
     header = env.get_template("run.sh.j2").render(project=plan.project, compose_files=plan.compose_files,
                                                   state_dir=plan.state_dir, services=services,
@@ -280,6 +316,15 @@ def write(plan: Plan, images: Dict[str, ImageSource], out_dir: str) -> List[str]
     for service in plan.services:
         _write(out_dir, service.env_file, env_file_text(service, warnings))
         _write(out_dir, service.env_file[:-len(".env")] + ".eval.env", env_file_text(service, warnings, evaluated=True))
+        test, extra, warning = health_secret(service)
+        if warning:
+            warnings.append(warning)
+        if extra:  # the probe's own environment: the service's, and the password its client reads
+            probe = copy.copy(service)
+            probe.environment = {**service.environment, **extra}
+            base = service.env_file[:-len(".env")]
+            _write(out_dir, base + ".health.env", env_file_text(probe, []))
+            _write(out_dir, base + ".health.eval.env", env_file_text(probe, [], evaluated=True))
     for path, content in plan.configs.items():
         _write(out_dir, path, content)
     names = hosts_names(plan)

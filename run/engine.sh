@@ -488,6 +488,8 @@ health_once() {
         *) return 0 ;;
     esac
     local flags=(--cleanenv "${EVAL_FLAGS[@]}" --env-file "$(env_file)")
+    # a password taken off the probe's command line is in its own env file (render.health_secret)
+    [ -f "${S_ENV%.env}.health$ENV_SUFFIX" ] && flags=(--cleanenv "${EVAL_FLAGS[@]}" --env-file "${S_ENV%.env}.health$ENV_SUFFIX")
     [ -n "$S_WORKDIR" ] && flags+=(--pwd "$S_WORKDIR")
     timeout -k 2 "$S_HEALTH_TIMEOUT" "$RT" exec "${flags[@]}" "instance://$S_INSTANCE" "${cmd[@]}" >/dev/null 2>&1
 }

@@ -401,3 +401,36 @@ def test_convert_ps_down_of_a_hostile_project_succeed_or_fail_with_one_line(tmp_
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, (verb, proc.stderr)
         if verb[1:]:
             json.loads(proc.stdout)
+
+
+# ---- secrets on a healthcheck's command line ---------------------------------------------------
+
+HEALTH = """services:
+  db:
+    image: mysql:8
+    healthcheck: {test: ["CMD", "mysqladmin", "ping", "-h", "127.0.0.1", "-ps3cret-db"]}
+  cache:
+    image: redis:7
+    healthcheck: {test: ["CMD", "redis-cli", "-a", "s3cret-cache", "ping"]}
+  shell:
+    image: mysql:8
+    healthcheck: {test: ["CMD-SHELL", "mysqladmin ping -ps3cret-shell || exit 1"]}
+"""
+
+
+def test_healthcheck_passwords_leave_the_command_line_or_are_warned_about(tmp_path):
+    (tmp_path / "compose.yaml").write_text(HEALTH)
+    out = tmp_path / "out"
+    proc = _convert(tmp_path, out)
+    assert proc.returncode == 0, proc.stderr
+    runner = (out / "run.sh").read_text()
+    assert "s3cret-db" not in runner and "s3cret-cache" not in runner  # the probes' argv
+    assert re.search(r"S_HEALTH=\(CMD mysqladmin ping -h 127\.[0-9.]+\)", runner), runner
+    assert re.search(r"S_HEALTH=\(CMD redis-cli (-h 127\.[0-9.]+ )?ping\)", runner), runner
+    assert "MYSQL_PWD=s3cret-db" in (out / "env" / "db.health.env").read_text()
+    assert "MYSQL_PWD" not in (out / "env" / "db.env").read_text()  # the service's own env is as written
+    # redis images: the redis adapter moves it to the service's REDISCLI_AUTH already
+    assert "REDISCLI_AUTH=s3cret-cache" in (out / "env" / "cache.env").read_text()
+    assert stat.S_IMODE((out / "env" / "db.health.env").stat().st_mode) == 0o600
+    warnings = [line for line in proc.stderr.splitlines() if "passes a password on a command line" in line]
+    assert len(warnings) == 1 and "'shell'" in warnings[0], proc.stderr
