@@ -175,7 +175,12 @@ def _convert(state: "_State", output=None, registry_mirror=None, image_sources=(
             exc.file, exc.line = project.locate(exc.path.split(".")[1])
         raise
     images = image_definitions(project, options)  # with the registry's answers: build + image may pull
-    extra = render.write(plan, images, out_dir)
+    try:
+        extra = render.write(plan, images, out_dir)
+    except ComposeError as exc:
+        if exc.file is None and exc.path and exc.path.startswith("services."):
+            exc.file, exc.line = project.locate(exc.path.split(".")[1])
+        raise
     if chosen:
         render.write_private(out_dir, generated.SECRETS_FILE, generated.file_text(chosen))
         click.echo(f"secrets: {len(chosen)} public default(s) replaced by generated values, kept in "
@@ -329,6 +334,23 @@ def exec_(state: _State, output, service, command):
     """Run a command inside a service's instance."""
     from compose2sif.runtime import run_script
     sys.exit(run_script(_existing_output(state, output), ["exec", service, *command]))
+
+
+@cli.command()
+@click.option("-o", "--output", metavar="DIR", help="Output directory whose planned endpoints are checked.")
+@click.pass_obj
+def doctor(state: _State, output):
+    """What on this node would stop the project: ok, warn or fail lines with the fix; exit 1 on a fail."""
+    from compose2sif import doctor as checks
+    if output is None:
+        try:
+            output = _existing_output(state, None)
+        except ComposeError:  # no project here: the node is checked all the same
+            output = None
+    lines = checks.report(output)
+    for level, text in lines:
+        click.echo(f"{level:<4} {text}")
+    sys.exit(1 if any(level == "fail" for level, _ in lines) else 0)
 
 
 @cli.command()

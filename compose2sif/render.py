@@ -12,6 +12,8 @@ cluster and run ``./run.sh up`` there with nothing but bash and apptainer/singul
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import os
 import re
@@ -20,6 +22,7 @@ from typing import Dict, List
 
 import jinja2
 
+from compose2sif.errors import ComposeError
 from compose2sif.plan import Plan, PortPlan, ServicePlan
 from compose2sif.plan.images import ImageSource
 
@@ -75,10 +78,11 @@ def launch_line(service: ServicePlan) -> str:
 def env_file_text(service: ServicePlan, warnings: List[str], evaluated: bool = False) -> str:
     """The --env-file of a service. Runtimes with --no-eval pass values on literally. Older ones
     (Singularity 3.x, Apptainer 1.0) evaluate them once more inside the container, so for those
-    (``evaluated``) `$` and backquotes are escaped."""
+    (``evaluated``) `\\`, `$` and backquotes are escaped: `\\$(cmd)` stays text, and a trailing `\\`
+    cannot swallow the next line."""
     def value(text: str) -> str:
         if evaluated:
-            text = text.replace("$", "\\$").replace("`", "\\`")
+            text = text.replace("\\", "\\\\").replace("$", "\\$").replace("`", "\\`")
         return shlex.quote(text)
 
     lines = [f"# environment of service {service.name} (compose2sif); read by apptainer --env-file"
@@ -94,19 +98,84 @@ def env_file_text(service: ServicePlan, warnings: List[str], evaluated: bool = F
     return "\n".join(lines) + "\n"
 
 
-def _write(path: str, text: str, mode: int = 0o600) -> None:
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+def _open_dir(out_dir: str, parts: List[str]) -> int:
+    """A descriptor of out_dir/PARTS..., each directory made when missing (0700) and never reached
+    through a symbolic link: a link planted in an output directory must not send our files elsewhere."""
+    fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    for part in parts:
+        if part in ("", ".", ".."):
+            os.close(fd)
+            raise ComposeError(f"{os.path.join(out_dir, *parts)}: not a path inside the output directory; refused")
+        try:
+            os.mkdir(part, 0o700, dir_fd=fd)
+        except FileExistsError:
+            pass
+        try:
+            child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError:
+            raise ComposeError(f"{os.path.join(out_dir, *parts)} is a symbolic link or not a directory; "
+                               "compose2sif does not follow links in its output directory (remove it)") from None
+        finally:
+            os.close(fd)
+        fd = child
+    return fd
+
+
+# Clients that read a password from the environment instead of their command line.
+_PASSWORD_VARIABLES = {"mysqladmin": "MYSQL_PWD", "mysql": "MYSQL_PWD", "redis-cli": "REDISCLI_AUTH"}
+_SHELL_PASSWORD = re.compile(r"\b(mysqladmin|mysql)\b.*\s(-p\S|--password=)|\bredis-cli\b.*\s(-a|--pass)\s")
+
+
+def health_secret(service: ServicePlan):
+    """A password on a healthcheck's command line is in the node's process list, for every user, at
+    every probe. In the CMD form of mysqladmin/mysql (-pPW, --password=PW) and redis-cli (-a PW) it is
+    moved to the probe's own env file (MYSQL_PWD, REDISCLI_AUTH); in a CMD-SHELL it cannot be, and is
+    warned about. Returns (test, environment to add, warning or None)."""
+    test = list((service.healthcheck or {}).get("test") or [])
+    if test[:1] == ["CMD"] and len(test) > 1 and os.path.basename(test[1]) in _PASSWORD_VARIABLES:
+        variable = _PASSWORD_VARIABLES[os.path.basename(test[1])]
+        kept, secret, args, i = [], None, test[2:], 0
+        while i < len(args):
+            arg = args[i]
+            if variable == "MYSQL_PWD" and arg.startswith("-p") and len(arg) > 2:
+                secret = arg[2:]
+            elif variable == "MYSQL_PWD" and arg.startswith("--password="):
+                secret = arg.split("=", 1)[1]
+            elif variable == "REDISCLI_AUTH" and arg in ("-a", "--pass") and i + 1 < len(args):
+                secret, i = args[i + 1], i + 1
+            else:
+                kept.append(arg)
+            i += 1
+        if secret is not None:
+            return ["CMD", test[1], *kept], {variable: secret}, None
+    if test[:1] == ["CMD-SHELL"] and len(test) > 1 and _SHELL_PASSWORD.search(" " + test[1] + " "):
+        return test, {}, (f"service {service.name!r}: its healthcheck passes a password on a command line, which "
+                          "every user of the node sees in the process list at each probe; write it in the CMD form "
+                          "(compose2sif then moves the password to the environment) or set MYSQL_PWD/REDISCLI_AUTH")
+    return test, {}, None
+
+
+def _write(out_dir: str, relative: str, text: str, mode: int = 0o600) -> None:
+    """Write OUT_DIR/RELATIVE to a new file, then rename it into place: O_EXCL|O_NOFOLLOW, so a
+    planted link is replaced, never written through."""
+    *parents, name = relative.split("/")
+    fd = _open_dir(out_dir, parents)
+    tmp = f".{name}.{os.getpid()}.tmp"
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=fd)
+        handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=fd)
+        with os.fdopen(handle, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            os.fchmod(fh.fileno(), mode)
+        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def write_private(out_dir: str, name: str, text: str) -> None:
     """A file only its owner may read (generated secrets)."""
-    _write(os.path.join(out_dir, name), text, 0o600)
+    _write(out_dir, name, text, 0o600)
 
 
 def _tmp_source(service: ServicePlan) -> str:
@@ -132,7 +201,9 @@ def render_runner(plan: Plan) -> str:
             binds.append({"spec": spec, "host": b.source, "create": b.create or b.kind in ("volume", "scratch", "tmpfs"),
                           "kind": b.kind})
         # a function per service, named by its position: `a-b` and `a_b` must not share one
-        services.append({**s.__dict__, "fn": f"{len(services)}_{re.sub(r'[^A-Za-z0-9_]', '_', s.name)}", "binds": binds,
+        health = {**s.healthcheck, "test": health_secret(s)[0]} if s.healthcheck else None
+        services.append({**s.__dict__, "healthcheck": health,
+                         "fn": f"{len(services)}_{re.sub(r'[^A-Za-z0-9_]', '_', s.name)}", "binds": binds,
                          "tmp": _tmp_source(s), "endpoints": [_endpoint(p) for p in s.ports]})
     header = env.get_template("run.sh.j2").render(project=plan.project, compose_files=plan.compose_files,
                                                   state_dir=plan.state_dir, services=services,
@@ -151,57 +222,114 @@ def _tls_files(plan: Plan, out_dir: str) -> None:
     import shutil
     import socket
     import subprocess
-    from compose2sif.errors import ComposeError
-    cert, key = (os.path.join(out_dir, plan.tls["cert"]), os.path.join(out_dir, plan.tls["key"]))
-    os.makedirs(os.path.dirname(cert), mode=0o700, exist_ok=True)
+    import tempfile
+    names = (plan.tls["cert"], plan.tls["key"])
     if plan.tls["source"]:
-        for source, target in zip(plan.tls["source"], (cert, key)):
+        for source, name, mode in zip(plan.tls["source"], names, (0o644, 0o600)):
             try:
-                shutil.copyfile(source, target)
-            except OSError as exc:
-                raise ComposeError(f"--tls-cert/--tls-key: cannot read {source}: {exc.strerror}") from None
-            os.chmod(target, 0o600)
+                with open(source, encoding="utf-8") as fh:
+                    text = fh.read()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ComposeError(f"--tls-cert/--tls-key: cannot read {source}: {exc}") from None
+            _write(out_dir, name, text, mode)
         return
-    if os.path.exists(cert) and os.path.exists(key):
+    if all(os.path.isfile(os.path.join(out_dir, n)) and not os.path.islink(os.path.join(out_dir, n)) for n in names):
         return
     if shutil.which("openssl") is None:
         raise ComposeError("--tls needs openssl to make a self-signed certificate (or pass --tls-cert and --tls-key)")
     host = socket.getfqdn()
-    proc = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "825",
-                           "-subj", f"/CN={host}", "-addext", f"subjectAltName=DNS:{host},DNS:localhost,IP:127.0.0.1",
-                           "-keyout", key, "-out", cert], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise ComposeError(f"openssl could not make a certificate: {proc.stderr.strip().splitlines()[-1:]}")
-    os.chmod(key, 0o600)
-    os.chmod(cert, 0o644)
+    with tempfile.TemporaryDirectory() as work:  # openssl writes where it is told: a private place first
+        cert, key = os.path.join(work, "cert"), os.path.join(work, "key")
+        proc = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "825",
+                               "-subj", f"/CN={host}", "-addext", f"subjectAltName=DNS:{host},DNS:localhost,IP:127.0.0.1",
+                               "-keyout", key, "-out", cert], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ComposeError(f"openssl could not make a certificate: {proc.stderr.strip().splitlines()[-1:]}")
+        for path, name, mode in ((cert, names[0], 0o644), (key, names[1], 0o600)):
+            with open(path, encoding="utf-8") as fh:
+                _write(out_dir, name, fh.read(), mode)
+
+
+def _is_ours(out_dir: str) -> bool:
+    try:
+        with open(os.path.join(out_dir, "plan.json"), encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "services" in data and "state_dir" in data
+
+
+def check_output_dir(out_dir: str) -> None:
+    """Only an output directory of ours, an empty one or a new one is written to: `-o ~` must not
+    overwrite or chmod what is there."""
+    if os.path.islink(out_dir):
+        raise ComposeError(f"output directory {out_dir} is a symbolic link; give the directory it points to")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ComposeError(f"output directory {out_dir} exists and is not a directory")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not _is_ours(out_dir):
+        raise ComposeError(f"output directory {out_dir} exists and is not a compose2sif output directory "
+                           "(it has no plan.json of ours); choose another -o or empty it")
+
+
+_BIND_SEPARATORS = ",:^"  # what apptainer's --bind splits a bind specification on
+
+
+def check_binds(plan: Plan, out_dir: str) -> None:
+    """Bind paths reach apptainer's --bind, which has separators of its own; the project's volumes
+    and scratch directories stay inside the output directory (a `..` in a volume's subpath)."""
+    for service in plan.services:
+        for bind in service.binds:
+            for path in (bind.source, bind.target):
+                odd = sorted(set(path) & set(_BIND_SEPARATORS))
+                if odd:
+                    raise ComposeError(f"{path!r} contains {', '.join(map(repr, odd))}, which apptainer's --bind "
+                                       "reads as a separator; rename the path", path=f"services.{service.name}.volumes")
+            if bind.kind in ("volume", "scratch", "tmpfs"):
+                inside = os.path.normpath(os.path.join(out_dir, plan.state_dir))
+                if not os.path.normpath(os.path.join(out_dir, bind.source)).startswith(inside + os.sep):
+                    raise ComposeError(f"{bind.target}: {bind.source!r} leads outside {plan.state_dir}/ of the output "
+                                       "directory (a `..` in a subpath?); refused", path=f"services.{service.name}.volumes")
 
 
 def write(plan: Plan, images: Dict[str, ImageSource], out_dir: str) -> List[str]:
     """Write every file; returns the warnings found while writing."""
     warnings: List[str] = []
+    check_output_dir(out_dir)
+    check_binds(plan, out_dir)
     os.makedirs(out_dir, mode=0o700, exist_ok=True)
     os.chmod(out_dir, 0o700)
+    os.close(_open_dir(out_dir, ["sif"]))  # where run.sh writes: a real directory, not a planted link
+    if os.path.islink(os.path.join(out_dir, plan.state_dir)):
+        raise ComposeError(f"{os.path.join(out_dir, plan.state_dir)} is a symbolic link; compose2sif does not "
+                           "follow links in its output directory (remove it)")
     if plan.tls:
         _tls_files(plan, out_dir)
     for key, source in images.items():
-        _write(os.path.join(out_dir, "definitions", f"{key}.def"), source.definition, 0o644)
-    os.makedirs(os.path.join(out_dir, "sif"), exist_ok=True)
+        _write(out_dir, f"definitions/{key}.def", source.definition, 0o644)
     for service in plan.services:
-        _write(os.path.join(out_dir, service.env_file), env_file_text(service, warnings))
-        _write(os.path.join(out_dir, service.env_file[:-len(".env")] + ".eval.env"),
-               env_file_text(service, warnings, evaluated=True))
+        _write(out_dir, service.env_file, env_file_text(service, warnings))
+        _write(out_dir, service.env_file[:-len(".env")] + ".eval.env", env_file_text(service, warnings, evaluated=True))
+        test, extra, warning = health_secret(service)
+        if warning:
+            warnings.append(warning)
+        if extra:  # the probe's own environment: the service's, and the password its client reads
+            probe = copy.copy(service)
+            probe.environment = {**service.environment, **extra}
+            base = service.env_file[:-len(".env")]
+            _write(out_dir, base + ".health.env", env_file_text(probe, []))
+            _write(out_dir, base + ".health.eval.env", env_file_text(probe, [], evaluated=True))
     for path, content in plan.configs.items():
-        _write(os.path.join(out_dir, path), content)
+        _write(out_dir, path, content)
     names = hosts_names(plan)
-    _write(os.path.join(out_dir, "hosts.names"), names, 0o644)
+    _write(out_dir, "hosts.names", names, 0o644)
     try:
         with open("/etc/hosts", encoding="utf-8") as fh:
             host_entries = fh.read()
     except OSError:
         host_entries = ""
-    _write(os.path.join(out_dir, "hosts"), host_entries + f"# compose2sif: {plan.project}\n" + names, 0o644)
-    _write(os.path.join(out_dir, "run.sh"), render_runner(plan), 0o755)
+    _write(out_dir, "hosts", host_entries + f"# compose2sif: {plan.project}\n" + names, 0o644)
+    _write(out_dir, "run.sh", render_runner(plan), 0o755)
     data = plan.to_json()
     data["warnings"] = plan.warnings + warnings
-    _write(os.path.join(out_dir, "plan.json"), json.dumps(data, indent=2) + "\n", 0o644)
+    _write(out_dir, "plan.json", json.dumps(data, indent=2) + "\n", 0o644)
     return warnings

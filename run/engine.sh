@@ -41,7 +41,7 @@ detect_runtime() {
 remove_overlay() {
     [ -e "$STATE/overlay/$1" ] || return 0
     chmod -R u+rwx "$STATE/overlay/$1" 2>/dev/null
-    rm -rf "$STATE/overlay/$1"
+    rm_inside "$STATE/overlay/$1"
 }
 
 WRITABLE_ROOT=""
@@ -65,6 +65,39 @@ env_file() { printf '%s' "${S_ENV%.env}$ENV_SUFFIX"; }
 version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" = "$2" ]; }
 
 # ---- small helpers --------------------------------------------------------------------------
+# rm -rf only what lies inside the output directory once its parent is resolved: a link planted
+# there must not send a delete elsewhere (a link itself is removed, not followed).
+rm_inside() {
+    local path parent root
+    root=$(cd "$HERE" && pwd -P)
+    for path in "$@"; do
+        [ -e "$path" ] || [ -L "$path" ] || continue
+        parent=$(readlink -m -- "$(dirname -- "$path")") || die "cannot resolve $path"
+        case "$parent/$(basename -- "$path")" in
+            */. | */..) die "refusing to delete $path" ;;
+            "$root"/?*) rm -rf -- "${parent:?}/$(basename -- "$path")" ;;
+            *) die "refusing to delete $path: it lies in $parent, outside $root" ;;
+        esac
+    done
+}
+
+# The directories run.sh writes in are real directories of the output dir, never planted links.
+check_sealed() {
+    local d
+    for d in "$STATE" "$HERE/sif" "$HERE/definitions" "$HERE/env"; do
+        [ -L "$d" ] && die "$d is a symbolic link; compose2sif does not follow links in its output directory (remove it)"
+    done
+    return 0
+}
+
+# A JSON string of $1 (control characters other than \n \t \r become `?`).
+json_str() {
+    local s=$1
+    s=${s//\\/\\\\} s=${s//\"/\\\"} s=${s//$'\n'/\\n} s=${s//$'\t'/\\t} s=${s//$'\r'/\\r}
+    s=${s//[$'\001'-$'\037'$'\177']/?}
+    printf '"%s"' "$s"
+}
+
 abs() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$HERE/$1" ;; esac; }
 
 # The first line of a file, read without a child process ("" when there is none).
@@ -455,7 +488,7 @@ probe_fakeroot() {
 
 prepare_dirs() {
     local d
-    for d in "${S_EMPTY[@]}"; do rm -rf "$(abs "$d")"; done
+    for d in "${S_EMPTY[@]}"; do rm_inside "$(abs "$d")"; done
     for d in "${S_MKDIRS[@]}"; do [ -e "$(abs "$d")" ] || mkdir -p "$(abs "$d")"; done
 }
 
@@ -489,6 +522,8 @@ health_once() {
         *) return 0 ;;
     esac
     local flags=(--cleanenv "${EVAL_FLAGS[@]}" --env-file "$(env_file)")
+    # a password taken off the probe's command line is in its own env file (render.health_secret)
+    [ -f "${S_ENV%.env}.health$ENV_SUFFIX" ] && flags=(--cleanenv "${EVAL_FLAGS[@]}" --env-file "${S_ENV%.env}.health$ENV_SUFFIX")
     [ -n "$S_WORKDIR" ] && flags+=(--pwd "$S_WORKDIR")
     timeout -k 2 "$S_HEALTH_TIMEOUT" "$RT" exec "${flags[@]}" "instance://$S_INSTANCE" "${cmd[@]}" >/dev/null 2>&1
 }
@@ -902,7 +937,7 @@ cmd_down() {
     for name in "${SERVICES[@]}"; do remove_overlay "$name"; done  # what they wrote into their images
     if [ "$volumes" = 1 ]; then
         note "removing volumes in $STATE/volumes"
-        rm -rf "$STATE/volumes"
+        rm_inside "$STATE/volumes"
     fi
 }
 
@@ -949,13 +984,15 @@ cmd_ps() {
             e=${e%\?}
             ports+=${ports:+,}${e##*:}
             endpoints+=${endpoints:+,}$e
-            quoted+=${quoted:+,}\"$e\"
+            quoted+=${quoted:+,}$(json_str "$e")
         done
         if [ "$json" = 1 ]; then
             [ "$first" = 1 ] || printf ','
             first=0
-            printf '{"service":"%s","instance":"%s","state":"%s","exit_code":%s,"health":"%s","ports":[%s],"endpoints":[%s]}' \
-                "$name" "$S_INSTANCE" "$st" "${rc:-null}" "$health" "$ports" "$quoted"
+            case "$rc" in '' | *[!0-9-]*) rc=null ;; esac
+            printf '{"service":%s,"instance":%s,"state":%s,"exit_code":%s,"health":%s,"ports":[%s],"endpoints":[%s]}' \
+                "$(json_str "$name")" "$(json_str "$S_INSTANCE")" "$(json_str "$st")" "$rc" "$(json_str "$health")" \
+                "$ports" "$quoted"
         else
             [ "$st" = exited ] && st="exited($rc)"
             printf '%-20s %-28s %-10s %-10s %s\n' "$name" "$S_INSTANCE" "$st" "$health" "$endpoints"
@@ -1070,6 +1107,7 @@ cmd_build() {
 main() {
     local command=${1:-}
     shift || true
+    check_sealed
     case "$command" in
         up) cmd_up "$@" ;;
         down) cmd_down "$@" ;;

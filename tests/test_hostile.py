@@ -1,0 +1,436 @@
+"""Hostile values, as a repository cloned from a stranger would carry them (issue 11). No compose or
+.env value may run a command on the host, add a section to a definition, or touch a file outside
+the output directory. Each project goes through `convert` and then every run.sh verb (build, up,
+ps, logs, exec, restart, down) under a RECORDING STAND-IN for apptainer
+(tests/standins/recording-standin-apptainer: it logs its argv and does nothing else), on a runtime
+with --no-eval and on one without. The real Apptainer runs a few of them in tests/e2e/test_hostile_e2e.py.
+"""
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+STANDIN = REPO / "tests" / "standins" / "recording-standin-apptainer"
+SECTIONS = {"%setup", "%files", "%environment", "%post", "%runscript", "%startscript", "%test", "%labels", "%help",
+            "%arguments"}
+
+# {S} is the sentinel file a payload tries to create; each payload is one way a value could reach a shell
+PAYLOADS = ["$$(touch {S})", "`touch {S}`", "x; touch {S}", "x' ; touch {S} ; '", 'x" ; touch {S} ; "',
+            "x\ntouch {S}\n", "x\n%setup\n    touch {S}\n", "x\\", "\\$$(touch {S})"]
+
+
+def _yaml_str(text: str) -> str:
+    return json.dumps(text)  # a JSON string is a YAML string
+
+
+def _values_project(p: str) -> str:
+    """One service carrying the payload in every place a value reaches run.sh, an env file or a
+    definition; a second service depending on it."""
+    q = _yaml_str(p)
+    return f"""services:
+  app:
+    build:
+      context: .
+      args:
+        A: {q if chr(10) not in p else '"no newline: refused in build args"'}
+    image: app
+    command: ["sh", "-c", {q}]
+    entrypoint: [{q}]
+    working_dir: {_yaml_str("/w" + p.replace(chr(10), ""))}
+    environment:
+      P: {q}
+      {_yaml_str("BAD" + p.replace(chr(10), " "))}: x
+    healthcheck:
+      test: ["CMD-SHELL", {q}]
+      interval: 1s
+    labels:
+      l: {q}
+    stop_signal: SIGTERM
+    volumes:
+      - type: bind
+        source: ./data
+        target: {_yaml_str("/data" + p.replace(chr(10), ""))}
+  web:
+    image: busybox
+    depends_on: [app]
+    environment:
+      - {_yaml_str("Q=" + p)}
+    ports: ["127.0.0.1:18081:8080"]
+"""
+
+
+# (id, compose text, .env text, compose file name): the issue's list and the classes they stand for
+CASES = [(f"values-{i}", _values_project(p), "", "compose.yaml") for i, p in enumerate(PAYLOADS)] + [
+    ("gpu-device-ids", """services:
+  app:
+    image: busybox
+    gpus: [{driver: nvidia, device_ids: ["0$$(touch {S})", "1`touch {S}`"]}]
+""", "", "compose.yaml"),
+    ("deploy-devices", """services:
+  app:
+    image: busybox
+    deploy: {resources: {reservations: {devices: [{capabilities: [gpu], device_ids: ["0;touch {S}"]}]}}}
+""", "", "compose.yaml"),
+    ("restart-arithmetic", """services:
+  app:
+    image: busybox
+    restart: "on-failure:a[$$(touch {S})]"
+""", "", "compose.yaml"),
+    ("service-name-traversal", "services:\n  ../../../victim/x:\n    image: busybox\n", "", "compose.yaml"),
+    ("service-name-subst", 'services:\n  "a$$(touch {S})":\n    image: busybox\n', "", "compose.yaml"),
+    ("service-name-quote", "services:\n  \"a'b\":\n    image: busybox\n", "", "compose.yaml"),
+    ("project-newline", "services:\n  app:\n    image: busybox\n", "COMPOSE_PROJECT_NAME='x\ntouch {S}'\n",
+     "compose.yaml"),
+    ("project-traversal", "services:\n  app:\n    image: busybox\n", "COMPOSE_PROJECT_NAME=x/../../../escaped\n",
+     "compose.yaml"),
+    ("file-name-newline", "services:\n  app:\n    image: busybox\n", "", "c\ntouch {S}\n.yaml"),
+    ("image-newline", 'services:\n  app:\n    image: "busybox\\n%setup\\n    touch {S}"\n', "", "compose.yaml"),
+    ("image-subst", 'services:\n  app:\n    image: "busybox$$(touch {S})"\n', "", "compose.yaml"),
+    ("build-arg-newline", """services:
+  app:
+    build: {context: ., args: {A: "1\\n%setup\\n    touch {S}"}}
+""", "", "compose.yaml"),
+    ("volume-subpath", """services:
+  app:
+    image: busybox
+    volumes: [{type: volume, source: v, target: /v, volume: {subpath: ../../../victim}}]
+volumes: {v: {}}
+""", "", "compose.yaml"),
+    ("volume-name-traversal", """services:
+  app:
+    image: busybox
+    volumes: ["../../victim:/v"]
+""", "", "compose.yaml"),
+    ("named-volume-odd", """services:
+  app:
+    image: busybox
+    volumes: ["vol:/v"]
+volumes: {vol: {name: "../../victim"}}
+""", "", "compose.yaml"),
+    ("bind-path-separators", """services:
+  app:
+    image: busybox
+    volumes: ["./a,b:/x", "./c^d:/y"]
+""", "", "compose.yaml"),
+    ("name-collision", "services:\n  a-b:\n    image: busybox\n  a_b:\n    image: busybox\n  a.b:\n    image: busybox\n",
+     "", "compose.yaml"),
+    ("tmpfs-and-hosts", """services:
+  app:
+    image: busybox
+    tmpfs: ["/t$$(touch {S})"]
+    extra_hosts: ["h$$(touch {S}):127.0.0.1"]
+    hostname: "h$$(touch {S})"
+    user: "1000$$(touch {S})"
+""", "", "compose.yaml"),
+    ("dotenv-values", """services:
+  app:
+    image: busybox
+    environment: [A, B, C]
+""", "A=$(touch {S})\nB='`touch {S}`'\nC=\"x\\\\\"\n", "compose.yaml"),
+    ("secret-file", """services:
+  app:
+    image: busybox
+    secrets: [s]
+secrets: {s: {file: "../../victim"}}
+""", "", "compose.yaml"),
+    ("dockerfile-hostile", """services:
+  app:
+    build: .
+""", "", "compose.yaml"),
+]
+
+DOCKERFILE = ('FROM busybox\nARG A\nENV X="$(touch {S})" Y="`touch {S}`"\nLABEL a="\\n%setup\\n touch {S}"\n'
+              'RUN echo "$A" \\\n  && true\nWORKDIR /w$(touch {S})\nCMD ["sh", "-c", "$(touch {S})"]\n')
+
+
+def _tree(root: Path, skip: Path):
+    """path -> (mode, sha256 or link target) of everything under root except skip."""
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if here / d != skip]
+        for name in dirnames + filenames:
+            path = here / name
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                content = os.readlink(path)
+            elif stat.S_ISREG(info.st_mode):
+                content = hashlib.sha256(path.read_bytes()).hexdigest()
+            else:
+                content = None
+            found[str(path)] = (stat.S_IMODE(info.st_mode), content)
+    return found
+
+
+def _calls(record: Path):
+    if not record.exists():
+        return []
+    return [chunk.split(b"\0")[:-1] for chunk in record.read_bytes().split(b"\036")[:-1]]
+
+
+def _one_error_line(proc):
+    lines = proc.stderr.strip().splitlines()
+    errors = [line for line in lines if not line.startswith("WARN ")]
+    assert len(errors) == 1 and errors[0].startswith("compose2sif: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+
+
+def check_definitions(out: Path):
+    for definition in (out / "definitions").glob("*.def"):
+        headers = [line.split()[0] for line in definition.read_text().splitlines() if line.startswith("%")]
+        assert "%setup" not in headers, definition.read_text()
+        assert set(headers) <= SECTIONS and len(headers) == len(set(headers)), (definition, headers)
+
+
+def run_hostile(tmp_path, text, dotenv, filename, eval_runtime=False):
+    """convert, then every verb under the recording stand-in. Returns (convert, out dir, calls)."""
+    root = tmp_path / "root"  # everything the test watches lives here
+    project, home, victim = root / "proj" / "a" / "b", root / "home", root / "victim"
+    for d in (project / "data", home, victim):
+        d.mkdir(parents=True)
+    (victim / "x").write_text("keep me\n")
+    sentinel = root / "PWNED"
+    fill = lambda t: t.replace("{S}", str(sentinel))  # noqa: E731
+    (project / filename).write_text(fill(text))
+    (project / ".env").write_text(fill(dotenv))
+    (project / "Dockerfile").write_text(fill(DOCKERFILE))
+    out = root / "out"
+    record = tmp_path / "record"
+    env = {"PATH": f"{STANDIN.parent}:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8",
+           "PYTHONPATH": str(REPO), "C2S_RUNTIME": str(STANDIN), "C2S_RECORD": str(record),
+           "C2S_SIF_CACHE": str(tmp_path / "sif-cache"), "C2S_STANDIN_EVAL": "1" if eval_runtime else "0"}
+    before = _tree(root, out)
+    convert = subprocess.run([sys.executable, "-m", "compose2sif", "-f", filename, "convert", "--offline", "-o",
+                              str(out)], cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in convert.stderr and "internal error" not in convert.stderr, convert.stderr
+    bind_sources = set()
+    if convert.returncode != 0:
+        _one_error_line(convert)
+        assert not out.exists() or not (out / "run.sh").exists()
+    else:
+        check_definitions(out)
+        plan = json.loads((out / "plan.json").read_text())
+        for key in plan["images"]:  # so that `up` reaches `instance start`
+            (out / "sif" / f"{key}.sif").write_text("stand-in image\n")
+        run = lambda *args: subprocess.run([str(out / "run.sh"), *args], cwd=project, env=env,  # noqa: E731
+                                           capture_output=True, text=True, timeout=120)
+        names = [s["name"] for s in plan["services"]]
+        bind_sources = {os.path.normpath(os.path.join(out, b["source"])) for s in plan["services"]
+                        for b in s["binds"] if b["kind"] == "bind" and b["create"]}
+        for args in (["build"], ["up", "-d"], ["ps"], ["ps", "--format", "json"], *[["logs", n] for n in names],
+                     *[["exec", n, "true"] for n in names], ["restart", names[0]], ["down"], ["down", "-v"]):
+            proc = run(*args)
+            assert "syntax error" not in proc.stderr and "command not found" not in proc.stderr, (args, proc.stderr)
+            if args == ["ps", "--format", "json"]:
+                assert [r["service"] for r in json.loads(proc.stdout)] == names
+    assert not sentinel.exists(), "a value ran a command on the host"
+    after = _tree(root, out)
+    changed = {p for p in set(before) | set(after) if before.get(p) != after.get(p)}
+    # a bind mount's missing source directory is created, as Docker Compose does (create_host_path)
+    changed -= {p for p in changed if p not in before and p in bind_sources and not os.listdir(p)}
+    assert not changed, f"files outside the output dir were touched: {sorted(changed)}"
+    return convert, out, _calls(record)
+
+
+# what `convert` answers where it refuses (one line naming the file, service and key); every other
+# case converts and runs as data
+REFUSED = {"restart-arithmetic":
+           "invalid restart policy", "service-name-traversal": "additional properties", "service-name-subst":
+           "additional properties", "service-name-quote": "additional properties", "project-newline":
+           "invalid project name", "project-traversal": "invalid project name", "image-newline": "control character",
+           "build-arg-newline": "control character", "volume-subpath": "leads outside state/",
+           "bind-path-separators": "apptainer's --bind reads as a separator", "secret-file": "is not a file"}
+
+
+@pytest.mark.parametrize("eval_runtime", [False, True], ids=["no-eval", "eval"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_hostile_value_stays_data(tmp_path, case, eval_runtime):
+    name, text, dotenv, filename = case
+    convert, _, _ = run_hostile(tmp_path, text, dotenv, filename, eval_runtime)
+    if name in REFUSED:
+        assert convert.returncode == 1 and REFUSED[name] in convert.stderr, convert.stderr
+    else:
+        assert convert.returncode == 0, convert.stderr
+
+
+def test_the_standin_saw_every_verb(tmp_path):
+    """The stand-in is on the path run.sh takes: the checks above are not vacuous."""
+    convert, out, calls = run_hostile(tmp_path, _values_project(PAYLOADS[0]), "", "compose.yaml")
+    assert convert.returncode == 0, convert.stderr
+    verbs = {tuple(c[:2]) for c in calls}
+    for verb in ((b"build", b"--force"), (b"instance", b"start"), (b"instance", b"list")):
+        assert any(v[:len(verb)] == verb for v in verbs), (verb, verbs)
+    starts = [c for c in calls if c[:2] == [b"instance", b"start"]]
+    # the payload reaches the instance as data: in the env file, not on the command line, except as
+    # the bind target the project asked for (one argv element, no shell between)
+    for call in starts:
+        for flag, arg in zip(call, call[1:]):
+            assert b"touch" not in arg or (flag == b"--bind" and arg.split(b":", 1)[1].startswith(b"/data")), call
+
+
+def test_name_collisions_get_distinct_functions_files_and_instances(tmp_path):
+    convert, out, _ = run_hostile(tmp_path, CASES[[c[0] for c in CASES].index("name-collision")][1], "",
+                                  "compose.yaml")
+    assert convert.returncode == 0, convert.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    for key in ("instance", "env_file"):
+        values = [s[key] for s in plan["services"]]
+        assert len(set(values)) == len(values), values
+    functions = re.findall(r"^svc_(\w+)\(\)", (out / "run.sh").read_text(), re.M)
+    assert len(set(functions)) == 3
+
+
+# ---- a sealed output directory ------------------------------------------------------------------
+
+SIMPLE = "services:\n  app:\n    image: busybox\n    volumes: [\"data:/v\"]\n    tmpfs: [/scratch]\nvolumes: {data: {}}\n"
+
+
+def _convert(project: Path, out: Path, env=None):
+    return subprocess.run([sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(out)], cwd=project,
+                          env=env or {"PATH": "/usr/bin:/bin", "HOME": str(project), "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def simple(tmp_path):
+    project, victim = tmp_path / "proj", tmp_path / "victim"
+    project.mkdir()
+    victim.mkdir()
+    (victim / ".bashrc").write_text("victim's\n")
+    (project / "compose.yaml").write_text(SIMPLE)
+    return project, victim
+
+
+def test_convert_into_a_directory_that_is_not_ours_refuses(simple):
+    project, victim = simple
+    proc = _convert(project, victim)
+    assert proc.returncode == 1
+    _one_error_line(proc)
+    assert "is not a compose2sif output directory" in proc.stderr
+    assert sorted(os.listdir(victim)) == [".bashrc"] and stat.S_IMODE(victim.stat().st_mode) == 0o755
+
+
+def test_links_planted_in_an_output_dir_are_replaced_not_followed(simple):
+    project, victim = simple
+    out = project / "out"
+    assert _convert(project, out).returncode == 0
+    (out / "run.sh").unlink()
+    (out / "run.sh").symlink_to(victim / ".bashrc")
+    (out / "hosts").unlink()
+    (out / "hosts").symlink_to(victim / "hosts")  # a dangling one: O_CREAT would make the victim's file
+    proc = _convert(project, out)
+    assert proc.returncode == 0, proc.stderr
+    assert (victim / ".bashrc").read_text() == "victim's\n" and not (victim / "hosts").exists()
+    assert not (out / "run.sh").is_symlink() and (out / "run.sh").read_text().startswith("#!/usr/bin/env bash")
+    # a planted directory link: refused with one line, nothing written through it
+    shutil.rmtree(out / "env")
+    (out / "env").symlink_to(victim)
+    proc = _convert(project, out)
+    assert proc.returncode == 1 and "symbolic link" in proc.stderr, proc.stderr
+    _one_error_line(proc)
+    assert sorted(os.listdir(victim)) == [".bashrc"]
+
+
+def test_run_sh_deletes_nothing_through_a_planted_state_link(simple, tmp_path):
+    project, victim = simple
+    out = project / "out"
+    assert _convert(project, out).returncode == 0
+    (victim / "volumes").mkdir()
+    (victim / "volumes" / "precious").write_text("keep\n")
+    (out / "state").symlink_to(victim)
+    env = {"PATH": f"{STANDIN.parent}:/usr/bin:/bin", "HOME": str(tmp_path), "C2S_RUNTIME": str(STANDIN),
+           "C2S_RECORD": str(tmp_path / "record")}
+    for verb in (["down", "-v"], ["up", "-d"], ["ps"]):
+        proc = subprocess.run([str(out / "run.sh"), *verb], env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0 and "symbolic link" in proc.stderr, (verb, proc.stderr)
+    assert (victim / "volumes" / "precious").read_text() == "keep\n"
+    assert sorted(os.listdir(victim)) == [".bashrc", "volumes"]
+
+
+def test_rm_inside_refuses_what_resolves_outside(simple, tmp_path):
+    """engine.sh's rm_inside, on its own: a link in the path's parents sends nothing outside."""
+    project, victim = simple
+    out = project / "out"
+    assert _convert(project, out).returncode == 0
+    (out / "state").mkdir()
+    (out / "state" / "overlay").symlink_to(victim)
+    (out / "state" / "gone").mkdir()
+    script = (f'source <(sed -n "/^die()/p; /^rm_inside() {{/,/^}}/p" {out}/run.sh); HERE={out}; '
+              f'rm_inside {out}/state/gone; rm_inside {out}/state/overlay/.bashrc')
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 1 and "outside" in proc.stderr, proc.stderr
+    assert not (out / "state" / "gone").exists() and (victim / ".bashrc").exists()
+
+
+# ---- fuzz: convert, then ps and down of what it wrote ----------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from test_names_and_fuzz import hostile_projects  # noqa: E402
+
+
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(project=hostile_projects())
+def test_convert_ps_down_of_a_hostile_project_succeed_or_fail_with_one_line(tmp_path_factory, project):
+    text, dotenv, project_name = project
+    work = tmp_path_factory.mktemp("fuzz")
+    (work / "compose.yaml").write_text(text, encoding="utf-8", errors="surrogateescape")
+    (work / ".env").write_text(dotenv, encoding="utf-8", errors="surrogateescape")
+    env = {"PATH": f"{STANDIN.parent}:/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8", "PYTHONPATH": str(REPO),
+           "C2S_RUNTIME": str(STANDIN), "C2S_RECORD": str(work / "record")}
+    project_name = (project_name or "").replace("\0", "")  # argv cannot carry a NUL
+    args = [sys.executable, "-m", "compose2sif", *(["-p", project_name] if project_name else [])]
+    convert = subprocess.run([*args, "convert", "--offline", "-o", str(work / "out")], cwd=work, env=env,
+                             capture_output=True, text=True, errors="replace", timeout=120)
+    assert "Traceback" not in convert.stderr and "internal error" not in convert.stderr, convert.stderr
+    if convert.returncode != 0:
+        _one_error_line(convert)
+        return
+    for verb in (["ps"], ["ps", "--format", "json"], ["down"]):
+        proc = subprocess.run([*args, verb[0], "-o", str(work / "out"), *verb[1:]], cwd=work, env=env,
+                              capture_output=True, text=True, errors="replace", timeout=120)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (verb, proc.stderr)
+        if verb[1:]:
+            json.loads(proc.stdout)
+
+
+# ---- secrets on a healthcheck's command line ---------------------------------------------------
+
+HEALTH = """services:
+  db:
+    image: mysql:8
+    healthcheck: {test: ["CMD", "mysqladmin", "ping", "-h", "127.0.0.1", "-ps3cret-db"]}
+  cache:
+    image: redis:7
+    healthcheck: {test: ["CMD", "redis-cli", "-a", "s3cret-cache", "ping"]}
+  shell:
+    image: mysql:8
+    healthcheck: {test: ["CMD-SHELL", "mysqladmin ping -ps3cret-shell || exit 1"]}
+"""
+
+
+def test_healthcheck_passwords_leave_the_command_line_or_are_warned_about(tmp_path):
+    (tmp_path / "compose.yaml").write_text(HEALTH)
+    out = tmp_path / "out"
+    proc = _convert(tmp_path, out)
+    assert proc.returncode == 0, proc.stderr
+    runner = (out / "run.sh").read_text()
+    assert "s3cret-db" not in runner and "s3cret-cache" not in runner  # the probes' argv
+    assert re.search(r"S_HEALTH=\(CMD mysqladmin ping -h 127\.[0-9.]+\)", runner), runner
+    assert re.search(r"S_HEALTH=\(CMD redis-cli (-h 127\.[0-9.]+ )?ping\)", runner), runner
+    assert "MYSQL_PWD=s3cret-db" in (out / "env" / "db.health.env").read_text()
+    assert "MYSQL_PWD" not in (out / "env" / "db.env").read_text()  # the service's own env is as written
+    # redis images: the redis adapter moves it to the service's REDISCLI_AUTH already
+    assert "REDISCLI_AUTH=s3cret-cache" in (out / "env" / "cache.env").read_text()
+    assert stat.S_IMODE((out / "env" / "db.health.env").stat().st_mode) == 0o600
+    warnings = [line for line in proc.stderr.splitlines() if "passes a password on a command line" in line]
+    assert len(warnings) == 1 and "'shell'" in warnings[0], proc.stderr
