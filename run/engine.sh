@@ -255,22 +255,6 @@ required_endpoints() {
     for e in "${S_ENDPOINTS[@]}"; do [ "${e%\?}" = "$e" ] && printf '%s\n' "$e"; done
 }
 
-# True when process $1 is one of this project's instances or runs inside one.
-in_project() {
-    local pid=$1 name i
-    declare -A ours=()
-    for name in "${SERVICES[@]}"; do
-        load_service "$name"
-        [ -n "${INSTANCE_PIDS[$S_INSTANCE]:-}" ] && ours[${INSTANCE_PIDS[$S_INSTANCE]}]=1
-    done
-    for ((i = 0; i < 64 && pid > 1; i++)); do
-        [ -n "${ours[$pid]:-}" ] && return 0
-        parent_of "$pid" || return 1
-        pid=$PARENT
-    done
-    return 1
-}
-
 # Who holds socket $2 of uid $1, in HOLDER: the user, and the process where /proc shows it (an
 # unprivileged user reads only the descriptors of its own processes); its pid in HOLDER_PID.
 HOLDER="" HOLDER_PID=""
@@ -288,7 +272,7 @@ describe_holder() {
 # The endpoints of the given services that something other than this project listens on, one
 # line each ("ADDR:PORT (service NAME) is held by ..."). Services that already run are skipped.
 endpoints_taken() {
-    local name e uid inode relisted=0 endpoints=()
+    local name e uid inode endpoints=()
     declare -A owner=()
     for name in "$@"; do
         load_service "$name"
@@ -296,13 +280,10 @@ endpoints_taken() {
         service_running && continue
         for e in "${S_ENDPOINTS[@]}"; do owner[${e%\?}]=$name endpoints+=("${e%\?}"); done
     done
+    # Planned endpoints of two services never overlap (the planner refuses that), so whoever holds
+    # one of a service that is not running, another service of this project included, is in its way.
     while read -r e uid inode; do
         describe_holder "$uid" "$inode"
-        if [ -n "$HOLDER_PID" ]; then
-            # the listing may predate a service of ours that started since
-            [ "$relisted" = 1 ] || { list_instances; relisted=1; }
-            in_project "$HOLDER_PID" && continue
-        fi
         printf '%s (service %s) is held by %s\n' "$e" "${owner[$e]}" "$HOLDER"
     done < <(endpoint_listeners "${endpoints[@]}")
 }
