@@ -162,7 +162,7 @@ def _private_allow_list(draft: Draft, env: Dict[str, str]) -> str:
     ips = [x.strip() for x in env.get("SSRF_PROXY_ALLOW_PRIVATE_IPS", "").split(",") if x.strip()]
     domains = [x.strip() for x in env.get("SSRF_PROXY_ALLOW_PRIVATE_DOMAINS", "").split(",") if x.strip()]
     network = draft.refs.network
-    for service, family in (draft.options.get("model_servers") or {}).items():
+    for service in draft.options.get("model_servers") or {}:
         if network is not None and service in network.own:
             ips.append(f"{network.names_address(service)}/32")
     for item in draft.options.get("ssrf_allow") or []:

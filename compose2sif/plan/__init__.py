@@ -20,9 +20,9 @@ from compose2sif.model import Service, services as typed_services
 from compose2sif.plan import knobs, secrets
 from compose2sif.plan.images import ImageSource, plan_images
 from compose2sif.plan.knobs import Found, Knob
-from compose2sif.plan.network import (IMAGE_DEFAULT, IMAGE_EXPOSE, OPTIONAL_EVIDENCE, Listen, References, ServiceNet,
+from compose2sif.plan.network import (IMAGE_DEFAULT, IMAGE_EXPOSE, Listen, References, ServiceNet,
                                       default_port_base, free_address_block, host_port_pairs, node_listeners,
-                                      plan_network)
+                                      plan_network, strong)
 from compose2sif.plan.generated import Replacer
 from compose2sif.plan.types import Bind, Plan, PortPlan, ServicePlan
 from compose2sif.support import unsupported_warnings
@@ -104,13 +104,6 @@ def _launch(service: Service) -> Optional[List[str]]:
     return None
 
 
-def _strong(evidence: List[str]) -> bool:
-    """Evidence that the service itself, or a client, says it listens there. A `FOO_PORT` variable
-    alone is not: projects hand every service one .env full of other servers' ports."""
-    return any(e not in OPTIONAL_EVIDENCE and not (e.startswith("variable ") and e != "variable PORT")
-               for e in evidence)
-
-
 def _service_net(service: Service, adapter: Optional[image_adapters.Adapter], launch: Optional[List[str]], exposed: List[int],
                  found: Found, peers: Set[str], names: List[str]) -> ServiceNet:
     """Everything that says where the service listens, and the knobs that can tell it otherwise."""
@@ -170,12 +163,12 @@ def _service_net(service: Service, adapter: Optional[image_adapters.Adapter], la
     for port in exposed:
         saw(port, IMAGE_EXPOSE)
     for port, where in sorted(evidence.items()):
-        if all(e.startswith("variable ") for e in where) and not _strong(where):
+        if all(e.startswith("variable ") for e in where) and not strong(where):
             continue  # only a FOO_PORT variable says so: it knows the port, it does not prove a listener
         listen = listens.setdefault(port, Listen(port, [], None))
         listen.evidence = where
         listen.knob = None if port in fixed else usable(port_knobs.get(port))
-        listen.weak = not _strong(where)
+        listen.weak = not strong(where)
     address_hint = hints.get("bind_address")
     if address_hint is not None:
         address_knobs = [_hint_knob(address_hint, "address", f"{path}.bind_address")]

@@ -44,15 +44,13 @@ class Found:
     addresses: List[Knob] = field(default_factory=list)            # address knobs (one per flag or variable)
     ports: Dict[int, Knob] = field(default_factory=dict)           # port -> the knob that sets it
     evidence: Dict[int, List[str]] = field(default_factory=dict)   # port -> where it was seen
-    weak: Dict[int, bool] = field(default_factory=dict)            # port seen only in a `*_PORT` variable
 
-    def saw(self, port: int, where: str, knob: Optional[Knob] = None, weak: bool = False) -> None:
+    def saw(self, port: int, where: str, knob: Optional[Knob] = None) -> None:
         if not 0 < port < 65536:
             return
         self.evidence.setdefault(port, [])
         if where not in self.evidence[port]:
             self.evidence[port].append(where)
-        self.weak[port] = self.weak.get(port, True) and weak
         if knob is not None:
             self.ports.setdefault(port, knob)
 
@@ -96,7 +94,7 @@ def from_environment(env: Dict[str, Optional[str]], peers: set, found: Found) ->
             prefix = key[: -len("_PORT")] if key != "PORT" else ""
             if prefix and (prefix.lower() in peers or _names_a_peer(env, prefix)):
                 continue
-            found.saw(int(value), f"variable {key}", Knob("env", key, "{port}"), weak=key != "PORT")
+            found.saw(int(value), f"variable {key}", Knob("env", key, "{port}"))
 
 
 def _names_a_peer(env: Dict[str, Optional[str]], prefix: str) -> bool:

@@ -157,11 +157,21 @@ class NetworkPlan:
         return self.own[service] if address in (WILDCARD, "::") else address
 
 
+def _port_variable(evidence: str) -> bool:
+    """A `FOO_PORT` variable: projects hand every service one .env full of other servers' ports."""
+    return evidence.startswith("variable ") and evidence != "variable PORT"
+
+
+def strong(evidence: List[str]) -> bool:
+    """The compose file, the service itself or a client says it listens there: a clash is refused,
+    not only warned about."""
+    return any(e not in OPTIONAL_EVIDENCE and not _port_variable(e) for e in evidence)
+
+
 def _proves_listener(evidence: str) -> bool:
-    """What `up` may hold a service to: it, or a client, says it listens there. Not the image's
-    defaults, not a declaration (`ports`, `expose`), not a `FOO_PORT` variable."""
-    return evidence not in OPTIONAL_EVIDENCE + DECLARED and not (
-        evidence.startswith("variable ") and evidence != "variable PORT")
+    """What `up` may hold a service to: not the image's defaults, not a declaration (`ports`,
+    `expose`: Docker publishes ports nobody opens, too), not a `FOO_PORT` variable."""
+    return evidence not in OPTIONAL_EVIDENCE + DECLARED and not _port_variable(evidence)
 
 
 def _hint_for(service: str, port: int, address: bool) -> str:
