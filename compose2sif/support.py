@@ -12,14 +12,12 @@ and a test fails when the Compose Specification has a service key this table doe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, NamedTuple
 
 HANDLED, EMULATED, UNSUPPORTED = "handled", "emulated", "unsupported"
 
 
-@dataclass(frozen=True)
-class KeySupport:
+class KeySupport(NamedTuple):
     status: str
     note: str
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import struct
-from decimal import Decimal
 
 _DURATION_UNITS = {
     "ns": 1, "us": 1_000, "µs": 1_000, "μs": 1_000, "ms": 1_000_000, "s": 1_000_000_000,
@@ -29,6 +28,7 @@ def parse_duration(text: str) -> int:
         return 0
     if not s:
         raise ValueError(f"invalid duration {orig!r}")
+    from decimal import Decimal  # here: most projects never need it, and `config` races a Go binary
     total = Decimal(0)
     pos = 0
     while pos < len(s):
@@ -115,6 +115,7 @@ def go_float(value: float) -> str:
         return "+Inf" if value > 0 else "-Inf"
     if value == 0:
         return "-0" if str(value).startswith("-") else "0"
+    from decimal import Decimal
     d = Decimal(repr(value))
     exponent = d.adjusted()
     if -4 <= exponent < 21:

@@ -68,3 +68,15 @@ def test_no_compose_file_found(tmp_path):
     out = run("config", cwd=tmp_path)
     assert out.returncode == 1 and "no configuration file provided" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_option_values_may_start_with_a_dash_as_in_docker_compose():
+    from compose2sif.cli import _attach_values, _parser
+    parser = _parser()
+    argv = ["-p", "-lead", "--env-file", "-x.env", "exec", "-o", "-out", "api", "ls", "-p", "--", "-o", "x"]
+    attached = _attach_values(parser, argv)
+    # exec's command is passed on verbatim; the values before it are attached to their options
+    assert attached == ["-p-lead", "--env-file=-x.env", "exec", "-o-out", "api", "ls", "-p", "--", "-o", "x"]
+    args = parser.parse_args(attached)
+    assert (args.project_name, args.env_files, args.output, args.service) == ("-lead", ["-x.env"], "-out", "api")
+    assert args.command == ["ls", "-p", "--", "-o", "x"]

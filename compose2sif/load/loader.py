@@ -17,8 +17,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from compose2sif.errors import ComposeError
 from compose2sif.load import dotenv
@@ -36,20 +35,19 @@ OVERRIDE_FILES = ("compose.override.yml", "compose.override.yaml",
 RESOURCE_KINDS = ("services", "volumes", "networks", "secrets", "configs", "models")
 
 
-@dataclass
-class ProjectOptions:
+# Named tuples, not dataclasses: `config` races a Go binary, and dataclasses costs ~5 ms of imports.
+class ProjectOptions(NamedTuple):
     """What the user said on the command line (docker compose's global options)."""
-    files: List[str] = field(default_factory=list)
+    files: Sequence[str] = ()
     project_name: Optional[str] = None
     project_directory: Optional[str] = None
-    profiles: List[str] = field(default_factory=list)
-    env_files: List[str] = field(default_factory=list)
+    profiles: Sequence[str] = ()
+    env_files: Sequence[str] = ()
     environ: Optional[Dict[str, str]] = None  # defaults to os.environ
     cwd: Optional[str] = None                 # defaults to os.getcwd()
 
 
-@dataclass
-class Project:
+class Project(NamedTuple):
     """The loaded project: plain compose data in long syntax, as Compose itself holds it."""
     name: str
     working_dir: str
@@ -59,8 +57,8 @@ class Project:
     config: Dict[str, Any]                    # the model as `docker compose config` prints it
     disabled: Dict[str, Dict[str, Any]]       # services switched off by profiles
     profiles: List[str]
-    warnings: List[str] = field(default_factory=list)
-    origins: Dict[str, Tuple[str, Optional[int]]] = field(default_factory=dict)  # service -> (file, line)
+    warnings: List[str]
+    origins: Dict[str, Tuple[str, Optional[int]]]  # service -> (file, line)
 
     @property
     def services(self) -> Dict[str, Dict[str, Any]]:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import datetime
 import re
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, NamedTuple, Tuple
 
 import yaml
 
@@ -27,10 +26,18 @@ class Reset:
         return "!reset"
 
 
-@dataclass
 class Override:
     """A value tagged ``!override``: replaces, instead of merging with, what earlier files set."""
-    value: Any
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Override) and other.value == self.value
+
+    def __repr__(self) -> str:
+        return f"!override {self.value!r}"
 
 
 class Timestamp(str):
@@ -222,12 +229,11 @@ def _record_lines(node, path: Path, lines: Dict[Path, int], depth: int) -> None:
             _record_lines(value_node, sub, lines, depth - 1)
 
 
-@dataclass
-class Document:
+class Document(NamedTuple):
     """One YAML document of a compose file, with the line where each key (4 levels deep) starts."""
     filename: str
     data: Dict[str, Any]
-    lines: Dict[Path, int] = field(default_factory=dict)
+    lines: Dict[Path, int]
 
     def line_of(self, *path: str):
         while path:
