@@ -313,8 +313,24 @@ def batch(state: _State, args) -> int:
 
 # ---- the parser -------------------------------------------------------------------------------
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's, less its `import shutil` for the terminal's width: argparse makes a formatter
+    for every option it is given, and that import was ~5 ms of each run."""
+
+    def __init__(self, prog: str) -> None:
+        try:
+            width = int(os.environ.get("COLUMNS") or os.get_terminal_size(sys.stdout.fileno()).columns)
+        except (OSError, ValueError):
+            width = 80
+        super().__init__(prog, width=width - 2)
+
+
 class _Parser(argparse.ArgumentParser):
     """A usage error is one line naming the command and where its help is, exit 2."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
@@ -332,7 +348,8 @@ def _at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _output_option(parser: argparse.ArgumentParser, help: str = "The output directory (default: ./compose2sif-PROJECT).") -> None:
+def _output_option(parser: argparse.ArgumentParser,
+                   help: str = "The output directory (default: ./compose2sif-PROJECT).") -> None:
     parser.add_argument("-o", "--output", metavar="DIR", help=help)
 
 
@@ -357,59 +374,49 @@ def _convert_options(parser: argparse.ArgumentParser) -> None:
              "(repeatable; model servers of the stack are allowed already).")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="compose2sif",
-                     description="Run Docker Compose projects as rootless Apptainer/Singularity instances.")
-    add = parser.add_argument
-    add("-f", "--file", dest="files", action="append", default=[], metavar="FILE",
-        help="Compose file (repeatable; later files override earlier ones).")
-    add("-p", "--project-name", help="Project name (default: `name:` in the file, else the directory name).")
-    add("--profile", dest="profiles", action="append", default=[], help="Enable a profile (repeatable).")
-    add("--env-file", dest="env_files", action="append", default=[], metavar="FILE",
-        help="Environment file for interpolation (repeatable; default: .env in the project directory).")
-    add("--project-directory", metavar="DIR",
-        help="Base directory for relative paths (default: the first compose file's directory).")
-    add("--version", action="version", version=f"compose2sif, version {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
-
-    def command(function: Callable, name: Optional[str] = None) -> argparse.ArgumentParser:
-        doc = (function.__doc__ or "").strip()
-        sub = commands.add_parser(name or function.__name__, help=doc, description=doc)
-        sub.set_defaults(run=function)
-        return sub
-
-    sub = command(config)
+def _config_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--format", choices=["yaml", "json"], default="yaml", help="Output format (default: yaml).")
     sub.add_argument("--services", dest="list_services", action="store_true",
                      help="Print the active service names, one a line.")
     sub.add_argument("--profiles", dest="list_profiles", action="store_true",
                      help="Print every profile name used, one a line.")
-    _convert_options(command(convert))
-    sub = command(secrets)
+
+
+def _secrets_arguments(sub: argparse.ArgumentParser) -> None:
     _output_option(sub)
     sub.add_argument("--show", action="store_true", help="Print the values too.")
-    _output_option(command(build))
-    sub = command(up)
+
+
+def _up_arguments(sub: argparse.ArgumentParser) -> None:
     _convert_options(sub)
     sub.add_argument("-d", "--detach", action="store_true",
                      help="Start and return; restart policies run in the background.")
     sub.add_argument("services", nargs="*", metavar="SERVICE")
-    sub = command(down)
+
+
+def _down_arguments(sub: argparse.ArgumentParser) -> None:
     _output_option(sub)
     sub.add_argument("-v", "--volumes", action="store_true", help="Also delete the named volumes.")
-    sub = command(ps)
+
+
+def _ps_arguments(sub: argparse.ArgumentParser) -> None:
     _output_option(sub)
     sub.add_argument("--format", choices=["table", "json"], default="table", help="Output format (default: table).")
-    sub = command(logs)
+
+
+def _logs_arguments(sub: argparse.ArgumentParser) -> None:
     _output_option(sub)
     sub.add_argument("-f", "--follow", action="store_true")
     sub.add_argument("service")
-    sub = command(exec_, "exec")
+
+
+def _exec_arguments(sub: argparse.ArgumentParser) -> None:
     _output_option(sub)
     sub.add_argument("service")
     sub.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...")
-    _output_option(command(doctor), "Output directory whose planned endpoints are checked.")
-    sub = command(batch)
+
+
+def _batch_arguments(sub: argparse.ArgumentParser) -> None:
     add = sub.add_argument
     add("--scheduler", choices=["pjm", "slurm"], required=True)
     add("--service", help="The service to serve (default: the one with GPUs).")
@@ -424,7 +431,63 @@ def _parser() -> argparse.ArgumentParser:
     add("--interface", default="ib0", help="Network between the nodes (default: ib0; fallback: default route).")
     add("--launcher", help="Command that starts one task per node (default: srun ... / mpiexec -n N -ppn 1).")
     add("-o", "--output", metavar="FILE", help="Write the job script here (default: standard output).")
+
+
+# name: (what it runs, what adds its options)
+COMMANDS = {
+    "config": (config, _config_arguments),
+    "convert": (convert, _convert_options),
+    "secrets": (secrets, _secrets_arguments),
+    "build": (build, _output_option),
+    "up": (up, _up_arguments),
+    "down": (down, _down_arguments),
+    "ps": (ps, _ps_arguments),
+    "logs": (logs, _logs_arguments),
+    "exec": (exec_, _exec_arguments),
+    "doctor": (doctor, lambda sub: _output_option(sub, "Output directory whose planned endpoints are checked.")),
+    "batch": (batch, _batch_arguments),
+}
+
+
+def _parser(argv: List[str]) -> argparse.ArgumentParser:
+    """The parser for this command line: only the command it names, where it names one (every
+    option and command costs argparse a formatter and gettext lookups; `config` races a Go binary)."""
+    parser = _Parser(prog="compose2sif",
+                     description="Run Docker Compose projects as rootless Apptainer/Singularity instances.")
+    add = parser.add_argument
+    add("-f", "--file", dest="files", action="append", default=[], metavar="FILE",
+        help="Compose file (repeatable; later files override earlier ones).")
+    add("-p", "--project-name", help="Project name (default: `name:` in the file, else the directory name).")
+    add("--profile", dest="profiles", action="append", default=[], help="Enable a profile (repeatable).")
+    add("--env-file", dest="env_files", action="append", default=[], metavar="FILE",
+        help="Environment file for interpolation (repeatable; default: .env in the project directory).")
+    add("--project-directory", metavar="DIR",
+        help="Base directory for relative paths (default: the first compose file's directory).")
+    add("--version", action="version", version=f"compose2sif, version {__version__}")
+    named = _command_word(parser, argv)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+    for name, (function, arguments) in COMMANDS.items():
+        if named in (None, name):
+            doc = (function.__doc__ or "").strip()
+            sub = commands.add_parser(name, help=doc, description=doc)
+            sub.set_defaults(run=function)
+            arguments(sub)
     return parser
+
+
+def _command_word(parser: argparse.ArgumentParser, argv: List[str]) -> Optional[str]:
+    """The command argv names, past the global options and their values (None: none we know)."""
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        action = parser._option_string_actions.get(word)
+        if action is not None and action.nargs != 0:
+            i += 2
+        elif word.startswith("-"):
+            i += 1
+        else:
+            return word if word in COMMANDS else None
+    return None
 
 
 def _attach_values(parser: argparse.ArgumentParser, argv: List[str]) -> List[str]:
@@ -454,8 +517,9 @@ def _attach_values(parser: argparse.ArgumentParser, argv: List[str]) -> List[str
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    parser = _parser()
-    args = parser.parse_args(_attach_values(parser, sys.argv[1:] if argv is None else list(argv)))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser(argv)
+    args = parser.parse_args(_attach_values(parser, argv))
     state = _State(ProjectOptions(files=args.files, project_name=args.project_name, profiles=args.profiles,
                                   env_files=args.env_files, project_directory=args.project_directory))
     try:

@@ -72,8 +72,8 @@ def test_no_compose_file_found(tmp_path):
 
 def test_option_values_may_start_with_a_dash_as_in_docker_compose():
     from compose2sif.cli import _attach_values, _parser
-    parser = _parser()
     argv = ["-p", "-lead", "--env-file", "-x.env", "exec", "-o", "-out", "api", "ls", "-p", "--", "-o", "x"]
+    parser = _parser(argv)
     attached = _attach_values(parser, argv)
     # exec's command is passed on verbatim; the values before it are attached to their options
     assert attached == ["-p-lead", "--env-file=-x.env", "exec", "-o-out", "api", "ls", "-p", "--", "-o", "x"]
