@@ -270,11 +270,21 @@ def secrets(state: _State, output, show):
 
 @cli.command()
 @click.option("-o", "--output", metavar="DIR")
+@click.option("--pull", is_flag=True, help="Also build again the images whose registry tag moved.")
 @click.pass_obj
-def build(state: _State, output):
+def build(state: _State, output, pull):
     """Build the SIFs that are missing or whose definition changed (in parallel; C2S_BUILD_JOBS)."""
     from compose2sif.runtime import run_script
-    sys.exit(run_script(_existing_output(state, output), ["build"]))
+    sys.exit(run_script(_existing_output(state, output), ["build", *(["--pull"] if pull else [])]))
+
+
+@cli.command()
+@click.option("-o", "--output", metavar="DIR")
+@click.pass_obj
+def pull(state: _State, output):
+    """Fetch again the images that services run from a registry, where their tag moved."""
+    from compose2sif.runtime import run_script
+    sys.exit(run_script(_existing_output(state, output), ["pull"]))
 
 
 @cli.command()
