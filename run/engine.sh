@@ -1055,7 +1055,7 @@ choose_storage() {
     else
         recorded=$(first_line "$STATE/storage")
         if [ -n "$recorded" ] && { [ -w "$recorded" ] || [ -w "$(dirname "$recorded")" ]; }; then
-            STORAGE=$recorded STORAGE_WHY="chosen at the first build (kept in $STATE/storage)"
+            STORAGE=$recorded STORAGE_WHY="chosen at the first build, kept in $STATE/storage"
         else
             STORAGE="$HERE/cache" STORAGE_WHY="no scratch or work directory found: in the output directory"
             for dir in "${SCRATCH:-}" "${WORK:-}" "/scratch/$user" "/work/$user" /work/*/"$user" /data/*/"$user"; do
