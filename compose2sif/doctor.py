@@ -116,9 +116,12 @@ def _places(out_dir: Optional[str]) -> Tuple[List[Tuple[str, str, str]], Optiona
         return [(r[0], r[1], r[2] or why) for r in rows if len(r) == 3 and r[0] != "storage"], None
     env = os.environ
     places = [("build tmp", env.get("APPTAINER_TMPDIR") or env.get("TMPDIR") or "/tmp", "the runtime's build space")]
-    for what, variable in (("SIF cache", "C2S_SIF_CACHE"), ("SIF cache", "C2S_STORAGE"), ("build cache", "APPTAINER_CACHEDIR")):
-        if env.get(variable) and not any(p[0] == what for p in places):
-            places.insert(0, (what, env[variable], f"set by {variable}"))
+    if env.get("APPTAINER_CACHEDIR"):
+        places.insert(0, ("build cache", env["APPTAINER_CACHEDIR"], "set by APPTAINER_CACHEDIR"))
+    if env.get("C2S_SIF_CACHE"):
+        places.insert(0, ("SIF cache", env["C2S_SIF_CACHE"], "set by C2S_SIF_CACHE"))
+    elif env.get("C2S_STORAGE"):
+        places.insert(0, ("SIF cache", os.path.join(env["C2S_STORAGE"], "sif"), "set by C2S_STORAGE"))
     return places, None
 
 
