@@ -1064,13 +1064,16 @@ choose_storage() {
                     break
                 fi
             done
-            (umask 077 && mkdir -p "$STATE" && printf '%s\n' "$STORAGE" >"$STATE/storage.tmp" &&
+            (umask 077 && mkdir -p "$STATE" && rm -f "$STATE/storage.tmp" && printf '%s\n' "$STORAGE" >"$STATE/storage.tmp" &&
                 mv -f "$STATE/storage.tmp" "$STATE/storage") || die "cannot write $STATE/storage"
             note "storage: SIFs and build caches go to $STORAGE ($STORAGE_WHY; C2S_STORAGE moves them)"
         fi
     fi
-    SIF_CACHE=${C2S_SIF_CACHE:-$STORAGE/sif}
+    if [ "$STORAGE" = "$HERE/cache" ] && [ -L "$STORAGE" ]; then
+        die "$STORAGE is a symbolic link; compose2sif does not follow links in its output directory (remove it)"
+    fi
     case "$STORAGE" in /*) ;; *) STORAGE="$PWD/$STORAGE" ;; esac  # as the user meant it: from here
+    SIF_CACHE=${C2S_SIF_CACHE:-$STORAGE/sif}
     case "$SIF_CACHE" in /*) ;; *) SIF_CACHE="$PWD/$SIF_CACHE" ;; esac
     BUILD_CACHE=${APPTAINER_CACHEDIR:-${SINGULARITY_CACHEDIR:-}} BUILD_TMP=${APPTAINER_TMPDIR:-${SINGULARITY_TMPDIR:-}}
     BUILD_ENV=()
@@ -1232,7 +1235,7 @@ build_one() {
 # The output directory's SIF is the cache's file: a hard link where both are on one filesystem,
 # else a symbolic link (never a copy: it would put the image in the home quota again).
 link_sif() {
-    rm -f "$2"
+    rm -f "$2" "$2.digest" "$2.source"  # replaced, never written through
     ln "$1" "$2" 2>/dev/null || ln -s "$1" "$2" || return 1
     printf '%s\n' "$3" >"$2.digest"
     if [ -f "$1.source" ]; then cp -f "$1.source" "$2.source"; else rm -f "$2.source"; fi
