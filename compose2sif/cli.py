@@ -280,11 +280,12 @@ def build(state: _State, output, pull):
 
 @cli.command()
 @click.option("-o", "--output", metavar="DIR")
+@click.argument("services", nargs=-1)
 @click.pass_obj
-def pull(state: _State, output):
+def pull(state: _State, output, services):
     """Fetch again the images that services run from a registry, where their tag moved."""
     from compose2sif.runtime import run_script
-    sys.exit(run_script(_existing_output(state, output), ["pull"]))
+    sys.exit(run_script(_existing_output(state, output), ["pull", *services]))
 
 
 @cli.command()

@@ -1248,15 +1248,28 @@ cmd_build() {
     build_images "$pull" "${IMAGES[@]}"
 }
 
-# As `docker compose pull`: the images of services that run an image from a registry (not a
-# build) are fetched again where their tag moved.
+# As `docker compose pull [SERVICE...]`: the images of services that run an image from a registry
+# (not a build) are fetched again where their tag moved.
 cmd_pull() {
-    [ $# -eq 0 ] || die "pull: unknown argument $1 (usage: pull)"
-    if [ ${#PULLED[@]} -eq 0 ]; then
-        note "pull: no service runs an image from a registry (build --pull refreshes the base images of builds)"
+    local keys=() name key
+    case "${1:-}" in -*) die "pull: unknown option $1 (usage: pull [SERVICE...])" ;; esac
+    if [ $# -eq 0 ]; then
+        keys=("${PULLED[@]}")
+    fi
+    for name in "$@"; do
+        load_service "$name"
+        key=${S_SIF##*/} key=${key%.sif}
+        if [[ " ${PULLED[*]} " == *" $key "* ]]; then
+            keys+=("$key")
+        else
+            note "pull: $name is built, not pulled (build --pull refreshes the base image of a build)"
+        fi
+    done
+    if [ ${#keys[@]} -eq 0 ]; then
+        note "pull: no image to pull${*:+ for $*} (build --pull refreshes the base images of builds)"
         return 0
     fi
-    build_images 1 "${PULLED[@]}"
+    build_images 1 "${keys[@]}"
 }
 
 build_images() {

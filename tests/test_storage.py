@@ -130,6 +130,12 @@ def test_pull_with_an_unreadable_registry_builds_again_and_says_why(project):
             "building it again") in proc.stderr
     assert f"image {pulled[0]}: built" in proc.stderr
     assert "image build-" not in proc.stderr  # pull leaves builds alone; build --pull does not
+    proc = run(tmp_path, env, "pull", "app")
+    assert proc.returncode == 0 and "pull: app is built, not pulled" in proc.stderr, proc.stderr
+    assert "building" not in proc.stderr
+    proc = run(tmp_path, env, "pull", "kv")
+    assert f"image {pulled[0]}: built" in proc.stderr, proc.stderr
+    assert run(tmp_path, env, "pull", "nope").stderr.startswith("run.sh: no such service: nope")
     proc = run(tmp_path, env, "build", "--pull")
     assert "image build-app: checking debian:12" in proc.stderr, proc.stderr
     assert run(tmp_path, env, "build", "--pul").stderr.strip() == \

@@ -5,7 +5,7 @@
 #
 #   ./run.sh build [--pull]        build the SIFs that are missing or whose definition changed;
 #                                  --pull also where the registry tag an image starts from moved
-#   ./run.sh pull                  fetch again the images run from a registry whose tag moved
+#   ./run.sh pull [SERVICE...]     fetch again the images run from a registry whose tag moved
 #   ./run.sh up [-d] [SERVICE...]  start services (and what they depend on) in dependency order;
 #                                  without -d, stay in the foreground, keep restart policies, and
 #                                  stop everything on SIGTERM/SIGINT (the end of a batch job)
