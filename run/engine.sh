@@ -1083,9 +1083,9 @@ choose_storage() {
         BUILD_CACHE="$STORAGE/cache"
         BUILD_ENV+=("${prefix}_CACHEDIR=$BUILD_CACHE")
     fi
-    # Builds with --fakeroot and /etc/subuid fail on network filesystems (files owned by the
-    # subordinate ids): the build space moves there only from a local disk, else it stays at the
-    # runtime's default ($TMPDIR or /tmp).
+    # Builds with --fakeroot and /etc/subuid can fail on network file systems (files owned by
+    # subordinate ids, root squash): the build space moves there only on a local disk, else it
+    # stays at the runtime's default ($TMPDIR or /tmp).
     if [ -z "$BUILD_TMP" ]; then
         (umask 077 && mkdir -p "$STORAGE") 2>/dev/null
         case "$(stat -f -c %T "$STORAGE" 2>/dev/null)" in
