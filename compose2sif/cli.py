@@ -231,7 +231,12 @@ def secrets(state: _State, args) -> int:
 
 def build(state: _State, args) -> int:
     """Build the SIFs that are missing or whose definition changed (in parallel; C2S_BUILD_JOBS)."""
-    return _run(state, args, ["build"])
+    return _run(state, args, ["build", *(["--pull"] if args.pull else [])])
+
+
+def pull(state: _State, args) -> int:
+    """Fetch again the images that services run from a registry, where their tag moved."""
+    return _run(state, args, ["pull", *args.services])
 
 
 def up(state: _State, args) -> int:
@@ -387,6 +392,16 @@ def _secrets_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--show", action="store_true", help="Print the values too.")
 
 
+def _build_arguments(sub: argparse.ArgumentParser) -> None:
+    _output_option(sub)
+    sub.add_argument("--pull", action="store_true", help="Also build again the images whose registry tag moved.")
+
+
+def _pull_arguments(sub: argparse.ArgumentParser) -> None:
+    _output_option(sub)
+    sub.add_argument("services", nargs="*", metavar="SERVICE")
+
+
 def _up_arguments(sub: argparse.ArgumentParser) -> None:
     _convert_options(sub)
     sub.add_argument("-d", "--detach", action="store_true",
@@ -438,7 +453,8 @@ COMMANDS = {
     "config": (config, _config_arguments),
     "convert": (convert, _convert_options),
     "secrets": (secrets, _secrets_arguments),
-    "build": (build, _output_option),
+    "build": (build, _build_arguments),
+    "pull": (pull, _pull_arguments),
     "up": (up, _up_arguments),
     "down": (down, _down_arguments),
     "ps": (ps, _ps_arguments),

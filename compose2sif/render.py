@@ -207,7 +207,8 @@ def render_runner(plan: Plan) -> str:
                          "tmp": _tmp_source(s), "endpoints": [_endpoint(p) for p in s.ports]})
     header = env.get_template("run.sh.j2").render(project=plan.project, compose_files=plan.compose_files,
                                                   state_dir=plan.state_dir, services=services,
-                                                  images=list(plan.images), entry_points=plan.entry_points)
+                                                  images=list(plan.images), entry_points=plan.entry_points,
+                                                  pulled=[k for k, v in plan.images.items() if v.get("kind") == "docker"])
     with open(os.path.join(_templates_dir(), "engine.sh"), encoding="utf-8") as fh:
         return header + fh.read()
 

@@ -1028,61 +1028,290 @@ cmd_restart() {
     done
 }
 
-# SIFs are shared between projects by the sha256 of their definition, in the user's cache.
-SIF_CACHE=${C2S_SIF_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/compose2sif/sif}
+# ---- where SIFs and build caches go -----------------------------------------------------------
+# Off $HOME, whose quota HPC sites keep small (a vLLM SIF is 10-20 GB). In this order: what the
+# user set (C2S_STORAGE for all of it; C2S_SIF_CACHE, APPTAINER_CACHEDIR, APPTAINER_TMPDIR each),
+# else the first writable of these outside $HOME: $SCRATCH, $WORK (set by many Slurm sites),
+# /scratch/$USER, /work/$USER, /work/GROUP/$USER (Wisteria and other PJM sites), /data/GROUP/$USER
+# (Fugaku's data area, where the user made one), else this output directory. The choice is made
+# once (at the first build, or by `compose2sif doctor`) and kept in $STATE/storage; a copy of the
+# output directory on another machine chooses again. SIFs are shared between projects there, by
+# the sha256 of their definition.
+STORAGE="" STORAGE_WHY="" SIF_CACHE="" BUILD_CACHE="" BUILD_TMP="" BUILD_ENV=()
 
+# A directory we may keep SIFs in: writable, and not in the home directory.
+storage_ok() {
+    local real home
+    [ -d "$1" ] && [ -w "$1" ] && [ -x "$1" ] || return 1
+    real=$(cd "$1" && pwd -P) && home=$(cd "${HOME:-/nonexistent}" 2>/dev/null && pwd -P)
+    case "$real/" in "${home:-/nonexistent}"/*) return 1 ;; esac
+    return 0
+}
+
+choose_storage() {
+    local dir user=${USER:-$(id -un)} recorded
+    if [ -n "${C2S_STORAGE:-}" ]; then
+        STORAGE=$C2S_STORAGE STORAGE_WHY="set by C2S_STORAGE"
+    else
+        recorded=$(first_line "$STATE/storage")
+        if [ -n "$recorded" ] && { [ -w "$recorded" ] || [ -w "$(dirname "$recorded")" ]; }; then
+            STORAGE=$recorded STORAGE_WHY="chosen at the first build, kept in $STATE/storage"
+        else
+            STORAGE="$HERE/cache" STORAGE_WHY="no scratch or work directory found: in the output directory"
+            for dir in "${SCRATCH:-}" "${WORK:-}" "/scratch/$user" "/work/$user" /work/*/"$user" /data/*/"$user"; do
+                if [ -n "$dir" ] && storage_ok "$dir"; then
+                    STORAGE="$(cd "$dir" && pwd -P)/compose2sif" STORAGE_WHY="a scratch or work directory outside \$HOME"
+                    break
+                fi
+            done
+            (umask 077 && mkdir -p "$STATE" && rm -f "$STATE/storage.tmp" && printf '%s\n' "$STORAGE" >"$STATE/storage.tmp" &&
+                mv -f "$STATE/storage.tmp" "$STATE/storage") || die "cannot write $STATE/storage"
+            note "storage: SIFs and build caches go to $STORAGE ($STORAGE_WHY; C2S_STORAGE moves them)"
+        fi
+    fi
+    if [ "$STORAGE" = "$HERE/cache" ] && [ -L "$STORAGE" ]; then
+        die "$STORAGE is a symbolic link; compose2sif does not follow links in its output directory (remove it)"
+    fi
+    case "$STORAGE" in /*) ;; *) STORAGE="$PWD/$STORAGE" ;; esac  # as the user meant it: from here
+    SIF_CACHE=${C2S_SIF_CACHE:-$STORAGE/sif}
+    case "$SIF_CACHE" in /*) ;; *) SIF_CACHE="$PWD/$SIF_CACHE" ;; esac
+    BUILD_CACHE=${APPTAINER_CACHEDIR:-${SINGULARITY_CACHEDIR:-}} BUILD_TMP=${APPTAINER_TMPDIR:-${SINGULARITY_TMPDIR:-}}
+    BUILD_ENV=()
+    local prefix=APPTAINER
+    [ -n "$RT" ] && case "$("$RT" --version 2>/dev/null)" in apptainer*) ;; *) prefix=SINGULARITY ;; esac
+    if [ -z "$BUILD_CACHE" ]; then
+        BUILD_CACHE="$STORAGE/cache"
+        BUILD_ENV+=("${prefix}_CACHEDIR=$BUILD_CACHE")
+    fi
+    # Builds with --fakeroot and /etc/subuid can fail on network file systems (files owned by
+    # subordinate ids, root squash): the build space moves there only on a local disk, else it
+    # stays at the runtime's default ($TMPDIR or /tmp).
+    if [ -z "$BUILD_TMP" ]; then
+        (umask 077 && mkdir -p "$STORAGE") 2>/dev/null
+        case "$(stat -f -c %T "$STORAGE" 2>/dev/null)" in
+            nfs* | lustre | gpfs | beegfs | cifs | smb* | fuse* | ceph | UNKNOWN*) BUILD_TMP=${TMPDIR:-/tmp} ;;
+            *) BUILD_TMP="$STORAGE/tmp" BUILD_ENV+=("${prefix}_TMPDIR=$BUILD_TMP") ;;
+        esac
+    fi
+}
+
+# The docker reference a definition starts from, when that is a tag rather than a digest.
+registry_tag() {
+    local line boot="" from=""
+    while IFS= read -r line; do
+        case "$line" in
+            Bootstrap:*) boot=${line#Bootstrap:} boot=${boot// /} ;;
+            From:*) from=${line#From:} from=${from// /} ;;
+            %*) break ;;
+        esac
+    done <"$1"
+    [ "$boot" = docker ] && [ -n "$from" ] && [ "${from#*@}" = "$from" ] || return 1
+    printf '%s' "$from"
+}
+
+# The registry's digest of the tag $1 (Docker Registry HTTP API v2, one HEAD request, anonymous
+# token auth as Docker Hub uses; HEAD requests do not count against its pull limit). Empty when
+# it cannot be read: no curl, no network, a private registry.
+tag_digest() {
+    local ref=$1 registry=registry-1.docker.io name tag=latest scheme=https url headers challenge realm service scope token
+    local accept="application/vnd.oci.image.index.v1+json,application/vnd.docker.distribution.manifest.list.v2+json,application/vnd.oci.image.manifest.v1+json,application/vnd.docker.distribution.manifest.v2+json"
+    command -v curl >/dev/null 2>&1 || return 0
+    name=$ref
+    case "${ref%%/*}" in
+        *.* | *:* | localhost) [ "${ref#*/}" != "$ref" ] && registry=${ref%%/*} name=${ref#*/} ;;
+    esac
+    case "$registry" in docker.io | index.docker.io) registry="registry-1.docker.io" ;; esac
+    case "${name##*/}" in *:*) tag=${name##*:} name=${name%:*} ;; esac
+    [ "$registry" = registry-1.docker.io ] && [ "${name#*/}" = "$name" ] && name="library/$name"
+    case "$registry" in 127.* | localhost*) scheme=http ;; esac
+    [ -n "${APPTAINER_NOHTTPS:-}${SINGULARITY_NOHTTPS:-}" ] && scheme=http
+    url="$scheme://$registry/v2/$name/manifests/$tag"
+    headers=$(curl -sSI --connect-timeout 5 --max-time 20 -H "Accept: $accept" -- "$url" 2>/dev/null | tr -d '\r')
+    challenge=$(printf '%s\n' "$headers" | sed -n 's/^[Ww][Ww][Ww]-[Aa]uthenticate: *Bearer //p')
+    if [ -n "$challenge" ]; then
+        realm=$(printf '%s' "$challenge" | sed -n 's/.*realm="\([^"]*\)".*/\1/p')
+        service=$(printf '%s' "$challenge" | sed -n 's/.*service="\([^"]*\)".*/\1/p')
+        scope=$(printf '%s' "$challenge" | sed -n 's/.*scope="\([^"]*\)".*/\1/p')
+        token=$(curl -sS --connect-timeout 5 --max-time 20 -G --data-urlencode "service=$service" \
+            --data-urlencode "scope=${scope:-repository:$name:pull}" -- "$realm" 2>/dev/null |
+            sed -n 's/.*"\(access_\)\{0,1\}token" *: *"\([^"]*\)".*/\2/p' | head -n 1)
+        [ -n "$token" ] || return 0
+        headers=$(curl -sSI --connect-timeout 5 --max-time 20 -H "Accept: $accept" -H "Authorization: Bearer $token" \
+            -- "$url" 2>/dev/null | tr -d '\r')
+    fi
+    printf '%s\n' "$headers" | sed -n 's/^[Dd]ocker-[Cc]ontent-[Dd]igest: *\(sha256:[0-9a-f]*\)$/\1/p' | head -n 1
+}
+
+# What `build` reports of each image: a line each (plain), or a block redrawn in place on a
+# terminal (LIVE=1), fed by state files the parallel builds write.
+LIVE=0 DRAWN=0 BUILD_KEYS=()
+build_state() {
+    if [ "$LIVE" = 1 ]; then
+        printf '%(%s)T %s\n' -1 "$2" >"$RUNDIR/build-$1.state.tmp" && mv -f "$RUNDIR/build-$1.state.tmp" "$RUNDIR/build-$1.state"
+    else
+        note "image $1: $2"
+    fi
+}
+
+draw_builds() {
+    [ "$LIVE" = 1 ] || return 0
+    local key line since text now
+    printf -v now '%(%s)T' -1
+    [ "$DRAWN" -gt 0 ] && printf '\033[%dA' "$DRAWN" >&2
+    for key in "${BUILD_KEYS[@]}"; do
+        line=$(first_line "$RUNDIR/build-$key.state")
+        since=${line%% *} text=${line#* }
+        case "$text" in
+            "") text=waiting ;;
+            building* | checking*) text="$text ($(((now - since) / 60))m$(((now - since) % 60))s)" ;;
+        esac
+        printf '\r\033[K[%s] image %s: %s\n' "$PROJECT" "$key" "$text" >&2
+    done
+    DRAWN=${#BUILD_KEYS[@]}
+}
+
+# Wait for background build $1, redrawing the block meanwhile; its exit status.
+wait_build() {
+    if [ "$LIVE" = 1 ]; then
+        while kill -0 "$1" 2>/dev/null; do draw_builds; nap 0.5; done
+    fi
+    wait "$1"
+}
+
+# Build image $1 unless its SIF is up to date or in the shared cache. With $2=1 (--pull), an image
+# from a registry tag is checked against the registry: a tag that moved is built again.
 build_one() {
-    local key=$1 def="$HERE/definitions/$1.def" sif="$HERE/sif/$1.sif" digest log flags=()
+    local key=$1 pull=${2:-0} def="$HERE/definitions/$1.def" sif="$HERE/sif/$1.sif" digest log cached flags=()
+    local force=${C2S_FORCE_BUILD:-0} ref want=""
     digest=$(sha256sum "$def" | cut -d' ' -f1)
-    if [ -f "$sif" ] && [ "$(cat "$sif.digest" 2>/dev/null)" = "$digest" ] && [ "${C2S_FORCE_BUILD:-0}" != 1 ]; then
-        note "image $key: up to date"
+    cached="$SIF_CACHE/$digest.sif"
+    if [ "$pull" = 1 ] && ref=$(registry_tag "$def"); then
+        build_state "$key" "checking $ref"
+        want=$(tag_digest "$ref")
+        if [ -z "$want" ]; then
+            force=1
+            build_state "$key" "cannot read the digest of $ref from its registry: building it again"
+        else
+            want="$ref@$want"
+        fi
+    fi
+    if [ -f "$sif" ] && [ "$(cat "$sif.digest" 2>/dev/null)" = "$digest" ] && [ "$force" != 1 ] &&
+        { [ -z "$want" ] || [ "$(first_line "$sif.source")" = "$want" ]; }; then
+        build_state "$key" "up to date"
         return 0
     fi
-    if [ -f "$SIF_CACHE/$digest.sif" ] && [ "${C2S_FORCE_BUILD:-0}" != 1 ]; then
-        ln -f "$SIF_CACHE/$digest.sif" "$sif" 2>/dev/null || cp -f "$SIF_CACHE/$digest.sif" "$sif"
-        printf '%s\n' "$digest" >"$sif.digest"
-        note "image $key: taken from $SIF_CACHE"
+    if [ -f "$cached" ] && [ "$force" != 1 ] && { [ -z "$want" ] || [ "$(first_line "$cached.source")" = "$want" ]; }; then
+        link_sif "$cached" "$sif" "$digest"
+        build_state "$key" "taken from $SIF_CACHE"
         return 0
     fi
     if grep -q '^%post' "$def" && [ "$(id -u)" != 0 ]; then
         flags+=(--fakeroot)
     fi
     log="$STATE/logs/build-$key.log"
-    note "image $key: building ${flags[*]}"
-    if "$RT" build --force "${flags[@]}" "$sif.tmp" "$def" >"$log" 2>&1; then
-        mv -f "$sif.tmp" "$sif"
-        printf '%s\n' "$digest" >"$sif.digest"
-        if (umask 077 && mkdir -p "$SIF_CACHE") && ! ln -f "$sif" "$SIF_CACHE/$digest.sif" 2>/dev/null; then
-            cp -f "$sif" "$SIF_CACHE/$digest.sif.tmp" && mv -f "$SIF_CACHE/$digest.sif.tmp" "$SIF_CACHE/$digest.sif"
-        fi
-        note "image $key: built"
+    if [ -n "$want" ] && [ -f "$sif.source" ]; then
+        build_state "$key" "$ref moved: $(first_line "$sif.source") -> ${want##*@}"
+    elif [ -n "$want" ]; then
+        build_state "$key" "$ref: no digest kept from an earlier pull: building it again"
+    fi
+    build_state "$key" "building${flags[*]:+ ${flags[*]}}"
+    if ! (umask 077 && mkdir -p "$SIF_CACHE" "$BUILD_CACHE" "$BUILD_TMP") 2>"$log"; then
+        echo "cannot create $SIF_CACHE, $BUILD_CACHE or $BUILD_TMP (set C2S_STORAGE, or C2S_SIF_CACHE and APPTAINER_CACHEDIR, to a writable place)" >>"$log"
+        build_state "$key" "failed (log: $log)"
+        return 1
+    fi
+    if env "${BUILD_ENV[@]}" "$RT" build --force "${flags[@]}" "$cached.$$.tmp" "$def" >"$log" 2>&1 &&
+        mv -f "$cached.$$.tmp" "$cached"; then
+        if [ -n "$want" ]; then printf '%s\n' "$want" >"$cached.source"; else rm -f "$cached.source"; fi
+        link_sif "$cached" "$sif" "$digest"
+        build_state "$key" "built"
     else
-        rm -f "$sif.tmp"
+        rm -f "$cached.$$.tmp"
+        build_state "$key" "failed (log: $log)"
         return 1
     fi
 }
 
+# The output directory's SIF is the cache's file: a hard link where both are on one filesystem,
+# else a symbolic link (never a copy: it would put the image in the home quota again).
+link_sif() {
+    rm -f "$2" "$2.digest" "$2.source"  # replaced, never written through
+    ln "$1" "$2" 2>/dev/null || ln -s "$1" "$2" || return 1
+    printf '%s\n' "$3" >"$2.digest"
+    if [ -f "$1.source" ]; then cp -f "$1.source" "$2.source"; else rm -f "$2.source"; fi
+}
+
 cmd_build() {
+    local pull=0
+    case "${1:-}" in --pull) pull=1 && shift ;; esac
+    [ $# -eq 0 ] || die "build: unknown argument $1 (usage: build [--pull])"
+    build_images "$pull" "${IMAGES[@]}"
+}
+
+# As `docker compose pull [SERVICE...]`: the images of services that run an image from a registry
+# (not a build) are fetched again where their tag moved.
+cmd_pull() {
+    local keys=() name key
+    case "${1:-}" in -*) die "pull: unknown option $1 (usage: pull [SERVICE...])" ;; esac
+    if [ $# -eq 0 ]; then
+        keys=("${PULLED[@]}")
+    fi
+    for name in "$@"; do
+        load_service "$name"
+        key=${S_SIF##*/} key=${key%.sif}
+        if [[ " ${PULLED[*]} " == *" $key "* ]]; then
+            keys+=("$key")
+        else
+            note "pull: $name is built, not pulled (build --pull refreshes the base image of a build)"
+        fi
+    done
+    if [ ${#keys[@]} -eq 0 ]; then
+        note "pull: no image to pull${*:+ for $*} (build --pull refreshes the base images of builds)"
+        return 0
+    fi
+    build_images 1 "${keys[@]}"
+}
+
+build_images() {
+    local pull=$1 jobs=${C2S_BUILD_JOBS:-2} pids=() keys=() failed=() i key pid
+    shift
     detect_runtime --images-only
     prepare_state
     mkdir -p "$HERE/sif"
-    local key jobs=${C2S_BUILD_JOBS:-2} pids=() keys=() failed=() i
-    for key in "${IMAGES[@]}"; do
-        while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 0.3; done
-        build_one "$key" &
+    choose_storage
+    if [ -t 2 ] && [ "${TERM:-dumb}" != dumb ]; then
+        LIVE=1 BUILD_KEYS=("$@")
+        for key in "$@"; do rm -f "$RUNDIR/build-$key.state"; done
+    fi
+    for key in "$@"; do
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do draw_builds; nap 0.3; done
+        build_one "$key" "$pull" &
         pids+=($!) keys+=("$key")
     done
-    for i in "${!pids[@]}"; do wait "${pids[i]}" || failed+=("${keys[i]}"); done
+    for i in "${!pids[@]}"; do wait_build "${pids[i]}" || failed+=("${keys[i]}"); done
     # Parallel builds can trip over each other in the runtime's layer cache: retry one at a time.
     for key in "${failed[@]}"; do
-        note "image $key: build failed; retrying alone"
-        if ! build_one "$key"; then
+        build_state "$key" "build failed; retrying alone"
+        build_one "$key" "$pull" &
+        pid=$!
+        if ! wait_build "$pid"; then
+            draw_builds
             echo "run.sh: building image $key failed; last lines of $STATE/logs/build-$key.log:" >&2
             tail -n 20 "$STATE/logs/build-$key.log" >&2
             return 1
         fi
     done
+    draw_builds
     return 0
+}
+
+# For `compose2sif doctor`: where SIFs, the runtime's cache and the build space go, and why.
+cmd_storage() {
+    choose_storage
+    printf 'storage\t%s\t%s\n' "$STORAGE" "$STORAGE_WHY"
+    printf 'SIF cache\t%s\t%s\n' "$SIF_CACHE" "$([ -n "${C2S_SIF_CACHE:-}" ] && echo "set by C2S_SIF_CACHE")"
+    printf 'build cache\t%s\t%s\n' "$BUILD_CACHE" "$([ -n "${APPTAINER_CACHEDIR:-}${SINGULARITY_CACHEDIR:-}" ] && echo "set by APPTAINER_CACHEDIR")"
+    printf 'build tmp\t%s\t%s\n' "$BUILD_TMP" "$([ -n "${APPTAINER_TMPDIR:-}${SINGULARITY_TMPDIR:-}" ] && echo "set by APPTAINER_TMPDIR")"
 }
 
 main() {
@@ -1097,6 +1326,8 @@ main() {
         exec) cmd_exec "$@" ;;
         restart) cmd_restart "$@" ;;
         build) cmd_build "$@" ;;
+        pull) cmd_pull "$@" ;;
+        _storage) cmd_storage ;;
         _supervise) cmd_supervise ;;
         -h | --help | help | "") sed -n '2,/^set -o/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
         *) die "unknown command $command (try: ./run.sh help)" ;;

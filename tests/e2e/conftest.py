@@ -27,6 +27,10 @@ def node():
         info = provision()
         with registry(info):
             the_node = Node(Path(info["NODE"]), info["REGISTRY_PORT"], info["HPC_UID"])
+            # a scratch file system outside the home directory, as HPC sites have: run.sh keeps
+            # SIFs and build caches there (/scratch/$USER)
+            the_node.scratch.mkdir(parents=True, exist_ok=True)
+            os.chown(the_node.scratch, int(the_node.uid), int(the_node.uid))
             the_node.kill_all()
             yield the_node
             the_node.kill_all()

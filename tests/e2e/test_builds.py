@@ -1,5 +1,10 @@
 """Definition safety on a real Apptainer 1.4.5: a Dockerfile whose lines would open a %setup
 section (run on the host by `apptainer build`) builds with every line in the container."""
+import json
+import os
+import re
+import subprocess
+
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -19,3 +24,79 @@ def test_hostile_dockerfile_runs_nothing_on_the_host(node):
     # the lines ran in %post, in the container (fakeroot's $HOME is /root); the values kept exactly,
     # {{ HOME }} not taken for an Apptainer build argument
     assert out == ["c2s-pwned-by-exec-form", "c2s-pwned-by-shell-form", "%setup", "{{", "HOME", "}}"]
+
+
+def _push(node, image: str, tag: str) -> None:
+    """Put a test image in the local registry under another name, as a new push of a tag would."""
+    subprocess.run(["skopeo", "copy", "-q", "--src-tls-verify=false", "--dest-tls-verify=false",
+                    f"docker://{node.registry}/c2s/{image}:test", f"docker://{node.registry}/{tag}"],
+                   check=True, capture_output=True, timeout=300)
+
+
+def _home_caches(node):
+    return [str(p) for d in (node.home / ".cache", node.home / ".apptainer" / "cache") if d.exists()
+            for p in d.rglob("*")]
+
+
+def test_build_progress_storage_off_home_and_pull_of_a_moved_tag(node):
+    """`build` prints a plain line per image state when stderr is no terminal; SIFs, the runtime's
+    layer cache and the build space go to the scratch directory, nothing to ~/.cache or
+    ~/.apptainer/cache; `build --pull` and `pull` build again an image whose tag moved, and only then."""
+    tag = "c2s/moving:test"
+    _push(node, "redis", tag)
+    stack = node.home / "moving-stack"
+    stack.mkdir(exist_ok=True)
+    (stack / "compose.yaml").write_text(f"name: moving\nservices:\n  kv:\n    image: {node.registry}/{tag}\n")
+    os.chown(stack, int(node.uid), int(node.uid))
+    node.run("cd ~ && rm -rf moving-out .cache .apptainer/cache /scratch/hpc/compose2sif", check=True)
+    node.c2s("-f moving-stack/compose.yaml convert --offline -o moving-out", check=True, timeout=300)
+    key = next(iter(json.loads((node.home / "moving-out" / "plan.json").read_text())["images"]))
+
+    proc = node.run("cd ~ && moving-out/run.sh build", timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("[moving] ")]
+    assert lines == ["[moving] storage: SIFs and build caches go to /scratch/hpc/compose2sif (a scratch or work "
+                     "directory outside $HOME; C2S_STORAGE moves them)",
+                     f"[moving] image {key}: building", f"[moving] image {key}: built"], proc.stderr
+    assert "\033[" not in proc.stderr  # no terminal: no redrawn block
+    assert _home_caches(node) == []
+    store = node.scratch / "compose2sif"
+    assert (node.home / "moving-out" / "state" / "storage").read_text() == "/scratch/hpc/compose2sif\n"
+    assert list((store / "sif").glob("*.sif")) and list((store / "cache").rglob("*")), "the layer cache is there"
+    sif = node.home / "moving-out" / "sif" / f"{key}.sif"
+    assert sif.stat().st_ino == next((store / "sif").glob("*.sif")).stat().st_ino  # a link, not a copy
+
+    # --pull: no digest kept from a pull yet, so built again once; then the tag has not moved
+    proc = node.c2s("-f moving-stack/compose.yaml build --pull -o moving-out", timeout=900)
+    assert proc.returncode == 0 and f"image {key}: built" in proc.stderr, proc.stderr
+    assert "no digest kept from an earlier pull" in proc.stderr
+    first = sif.stat().st_ino
+    proc = node.run("cd ~ && moving-out/run.sh build --pull", timeout=600)
+    assert proc.returncode == 0 and f"image {key}: up to date" in proc.stderr, proc.stderr
+    assert "building" not in proc.stderr
+
+    _push(node, "squid", tag)  # the tag moves to another image
+    proc = node.run("cd ~ && moving-out/run.sh pull", timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(rf"image {key}: {re.escape(node.registry)}/c2s/moving:test moved: \S+@sha256:\w+ -> sha256:\w+",
+                     proc.stderr), proc.stderr
+    assert f"image {key}: built" in proc.stderr and sif.stat().st_ino != first
+    out = node.run(f"apptainer exec ~/moving-out/sif/{key}.sif sh -c 'command -v squid'", check=True).stdout
+    assert out.strip().endswith("squid")  # the new image, not the old one
+    assert _home_caches(node) == []
+
+
+def test_failed_build_names_its_log(node):
+    stack = node.home / "broken-stack"
+    stack.mkdir(exist_ok=True)
+    (stack / "compose.yaml").write_text(f"name: broken\nservices:\n  gone:\n    image: {node.registry}/c2s/absent:test\n")
+    os.chown(stack, int(node.uid), int(node.uid))
+    node.run("cd ~ && rm -rf broken-out", check=True)
+    node.c2s("-f broken-stack/compose.yaml convert --offline -o broken-out", check=True, timeout=300)
+    key = next(iter(json.loads((node.home / "broken-out" / "plan.json").read_text())["images"]))
+    proc = node.run("cd ~ && broken-out/run.sh build", timeout=600)
+    assert proc.returncode == 1
+    log = f"/home/hpc/broken-out/state/logs/build-{key}.log"
+    assert f"[broken] image {key}: failed (log: {log})" in proc.stderr, proc.stderr
+    assert f"[broken] image {key}: build failed; retrying alone" in proc.stderr
+    assert f"run.sh: building image {key} failed; last lines of {log}:" in proc.stderr

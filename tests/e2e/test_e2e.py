@@ -35,7 +35,7 @@ def instances(node):
 def stack(node):
     node.copy_stack(STACK)
     # from nothing: no output dirs, no SIF cache, no runtime layer cache
-    node.run(f"cd ~ && rm -rf {OUT} out2 .cache/compose2sif .apptainer/cache")
+    node.run(f"cd ~ && rm -rf {OUT} out2 /scratch/hpc/compose2sif")
     yield node
     node.run(f"cd ~ && {OUT}/run.sh down; out2/run.sh down", timeout=300)
 

@@ -28,7 +28,7 @@ def test_secrets_configs_and_a_shared_build(node):
     (shared,) = [k for k, v in plan["images"].items() if v["kind"] == "build"]
     assert sorted(plan["images"][shared]["services"]) == ["hello", "hello-again"]
     # not from an earlier run's cache: this build really happens, once
-    node.run(f"rm -f ~/.cache/compose2sif/sif/{plan['images'][shared]['digest']}.sif", check=True)
+    node.run(f"rm -f /scratch/hpc/compose2sif/sif/{plan['images'][shared]['digest']}.sif", check=True)
     proc = node.c2s(args.format("up -d"), timeout=900)
     try:
         assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -47,6 +47,7 @@ class Node:
         self.root = root
         self.uid = uid  # hpc's uid, on the node and (shared process table) on the host
         self.home = root / "home" / "hpc"
+        self.scratch = root / "scratch" / "hpc"
         self.registry = f"127.0.0.1:{registry_port}"
 
     def run(self, command: str, timeout: float = 600, hide_python: bool = False, check: bool = False):

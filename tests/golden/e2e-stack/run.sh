@@ -3,7 +3,9 @@
 #   <PROJECT>/compose.yaml
 # Standalone: needs only bash and apptainer (or singularity) on the node. No Python.
 #
-#   ./run.sh build                 build the SIFs that are missing or whose definition changed
+#   ./run.sh build [--pull]        build the SIFs that are missing or whose definition changed;
+#                                  --pull also where the registry tag an image starts from moved
+#   ./run.sh pull [SERVICE...]     fetch again the images run from a registry whose tag moved
 #   ./run.sh up [-d] [SERVICE...]  start services (and what they depend on) in dependency order;
 #                                  without -d, stay in the foreground, keep restart policies, and
 #                                  stop everything on SIGTERM/SIGINT (the end of a batch job)
@@ -23,6 +25,7 @@ SERVICES=(db llm redis init api worker proxy)
 LEVELS=(0 0 0 1 2 2 3)
 MAX_LEVEL=3
 IMAGES=(c2s-python-test c2s-postgres-test c2s-llama-test c2s-nginx-test c2s-redis-test)
+PULLED=(c2s-python-test c2s-postgres-test c2s-llama-test c2s-nginx-test c2s-redis-test)  # images run as they are in a registry
 # web fronts `up` points people at: SERVICE SCHEME ADDRESS PORT PATH
 ENTRY_POINTS=('proxy http 0.0.0.0 18080 /')
 

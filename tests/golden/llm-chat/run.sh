@@ -3,7 +3,9 @@
 #   <PROJECT>/compose.yaml
 # Standalone: needs only bash and apptainer (or singularity) on the node. No Python.
 #
-#   ./run.sh build                 build the SIFs that are missing or whose definition changed
+#   ./run.sh build [--pull]        build the SIFs that are missing or whose definition changed;
+#                                  --pull also where the registry tag an image starts from moved
+#   ./run.sh pull [SERVICE...]     fetch again the images run from a registry whose tag moved
 #   ./run.sh up [-d] [SERVICE...]  start services (and what they depend on) in dependency order;
 #                                  without -d, stay in the foreground, keep restart policies, and
 #                                  stop everything on SIGTERM/SIGINT (the end of a batch job)
@@ -23,6 +25,7 @@ SERVICES=(db llm redis api web proxy)
 LEVELS=(0 0 0 1 2 3)
 MAX_LEVEL=3
 IMAGES=(ghcr.io-example-chat-api-latest postgres-16 vllm-vllm-openai-v0.19.1 nginx-1.27-alpine redis-7 build-web)
+PULLED=(ghcr.io-example-chat-api-latest postgres-16 vllm-vllm-openai-v0.19.1 nginx-1.27-alpine redis-7)  # images run as they are in a registry
 # web fronts `up` points people at: SERVICE SCHEME ADDRESS PORT PATH
 ENTRY_POINTS=('proxy http 0.0.0.0 8080 /')
 
