@@ -68,6 +68,21 @@ class Project(NamedTuple):
         return self.origins.get(service, (None, None))
 
 
+# Parsed files, by path and text, for a process that loads a project twice (`convert` loads
+# again with generated secrets). Safe to share: the loader only reads a Document (collect_resets
+# copies what it keeps). A few entries: a long-running caller does not grow it.
+_PARSED: Dict[Tuple[str, str], List[Document]] = {}
+
+
+def _parsed_documents(path: str, text: str) -> List[Document]:
+    key = (path, text)
+    if key not in _PARSED:
+        if len(_PARSED) >= 16:
+            _PARSED.clear()
+        _PARSED[key] = load_documents(path, text)
+    return _PARSED[key]
+
+
 class _Context:
     """State shared by one load: where each service was defined, and the documents read."""
 
@@ -84,7 +99,7 @@ class _Context:
     def documents_of(self, path: str) -> List[Document]:
         """The YAML documents of a file, parsed once per load (the loader only reads them)."""
         if path not in self._parsed:
-            self._parsed[path] = load_documents(path, _read(path))
+            self._parsed[path] = _parsed_documents(path, _read(path))
         return self._parsed[path]
 
     def unset_variable(self, name: str) -> None:
