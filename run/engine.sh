@@ -212,7 +212,8 @@ proc_start() {
     PROC_START=""
     { read -r line || true; } 2>/dev/null <"/proc/$1/stat"
     [ -n "$line" ] || return 1
-    read -r -a fields <<<"${line##*) }"  # fields 3.. of stat: the start time is field 22
+    read -r -a fields <<<"${line##*) }"  # fields 3.. of stat: the state, ..., the start time (22)
+    [ "${fields[0]}" != Z ] || return 1  # a zombie has ended (its parent has not reaped it)
     PROC_START=${fields[19]}
 }
 
@@ -636,7 +637,8 @@ watch_progress() {
     while [ "$1" != -- ]; do names+=("$1"); shift; done
     shift
     pids=("$@")
-    width=$(tput cols 2>/dev/null) || width=80
+    width=$(stty size 0<&2 2>/dev/null) width=${width#* }  # "ROWS COLUMNS" of stderr's terminal
+    [ "$width" -gt 0 ] 2>/dev/null || width=80  # (a terminal of no known size says 0)
     while :; do
         alive=0
         for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
@@ -834,6 +836,9 @@ cmd_up() {
     printf '%s\n' "${names[@]}" >"$RUNDIR/supervised"
     if [ "$detach" = 1 ]; then
         if needs_supervisor; then
+            # ignored from the fork on: where run.sh leads its terminal's session (`ssh -t node
+            # run.sh up -d`) the hangup at its exit would reach the child before nohup runs
+            trap '' HUP
             nohup setsid "$HERE/run.sh" _supervise </dev/null >"$STATE/logs/supervisor.log" 2>&1 &
             proc_start $!
             echo "$! $PROC_START" >"$RUNDIR/supervisor.pid"
@@ -1021,7 +1026,14 @@ clean_stale() {
         [ "$S_ONESHOT" = 1 ] && continue
         instance_pid
         if [ -n "$IPID" ]; then
-            root_lost && lost+=("$name")
+            root_lost || continue
+            lost+=("$name")
+            # its processes still hold its endpoints: gone before `up` checks them (`down` stops it anyway)
+            if [ "$1" = up ]; then
+                remove_instance
+                wait_ended "$STARTER"
+                unset "INSTANCE_PIDS[$S_INSTANCE]"
+            fi
             continue
         fi
         st=""
@@ -1036,7 +1048,11 @@ clean_stale() {
         esac
     fi
     for name in "${lost[@]}"; do
-        note "$name: its root filesystem is gone (a FUSE helper of the runtime was killed: \"Transport endpoint is not connected\"); counted as exited"
+        case "$1" in
+            ps) st="counted as exited; \`up\` starts it again" ;;
+            *) st="its instance is removed" ;;
+        esac
+        note "$name: its root filesystem is gone (a FUSE helper of the runtime was killed: \"Transport endpoint is not connected\"); $st"
     done
     { read -r pid start || true; } 2>/dev/null <"$RUNDIR/supervisor.pid"
     if [ -n "$pid" ] && ! { proc_start "$pid" && [ "$PROC_START" = "$start" ]; }; then
