@@ -1057,7 +1057,11 @@ clean_stale() {
     { read -r pid start || true; } 2>/dev/null <"$RUNDIR/supervisor.pid"
     if [ -n "$pid" ] && ! { proc_start "$pid" && [ "$PROC_START" = "$start" ]; }; then
         rm -f "$RUNDIR/supervisor.pid"
-        note "the supervisor (pid $pid) has gone without \`down\` (killed, or the node rebooted): forgotten"
+        case "$1" in
+            ps) st="restart policies apply again after \`up\`" ;;
+            *) st=forgotten ;;
+        esac
+        note "the supervisor (pid $pid) has gone without \`down\` (killed, or the node rebooted): $st"
     fi
     return 0
 }
