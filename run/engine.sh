@@ -203,14 +203,59 @@ parent_of() {
     PARENT=${rest%% *}
 }
 
-# running: the instance exists and its start script still runs; exited: the instance exists
-# but the service ended (or was killed); absent: no instance. In STATE_NOW.
+# The start time of live process $1 (clock ticks since boot), in PROC_START: with its pid it names
+# one process for good, where a pid alone may have been reused (RUNDIR is on disk: a pid recorded
+# before a reboot can name anything now).
+PROC_START=""
+proc_start() {
+    local line="" fields=()
+    PROC_START=""
+    { read -r line || true; } 2>/dev/null <"/proc/$1/stat"
+    [ -n "$line" ] || return 1
+    read -r -a fields <<<"${line##*) }"  # fields 3.. of stat: the state, ..., the start time (22)
+    [ "${fields[0]}" != Z ] || return 1  # a zombie has ended (its parent has not reaped it)
+    PROC_START=${fields[19]}
+}
+
+# The runtime's FUSE helpers of this service's instance, recorded when it starts (squashfuse
+# mounts the image and fuse-overlayfs its writable root, both children of the instance's starter):
+# "INSTANCE-PID STARTER-PID HELPER-PID...". Where the kernel lists no children, or the runtime
+# mounts in the kernel (setuid installs), none are recorded.
+record_helpers() {
+    local f pid comm kids=() helpers=()
+    parent_of "$IPID" || return 0
+    for f in /proc/"$PARENT"/task/*/children; do
+        { read -r -a kids || true; } 2>/dev/null <"$f"
+        for pid in "${kids[@]}"; do
+            comm=""
+            { read -r comm || true; } 2>/dev/null <"/proc/$pid/comm"
+            case "$comm" in squashfuse* | fuse-overlayfs | fuse2fs) helpers+=("$pid") ;; esac
+        done
+    done
+    printf '%s\n' "$IPID $PARENT ${helpers[*]}" >"$RUNDIR/$S_NAME.helpers"
+}
+
+# Whether a recorded FUSE helper of instance IPID has gone: its root filesystem then answers
+# "Transport endpoint is not connected" while its processes may live on.
+root_lost() {
+    local rec=() pid
+    { read -r -a rec || true; } 2>/dev/null <"$RUNDIR/$S_NAME.helpers"
+    [ "${rec[0]:-}" = "$IPID" ] || return 1
+    for pid in "${rec[@]:2}"; do
+        parent_of "$pid" && [ "$PARENT" = "${rec[1]}" ] || return 0
+    done
+    return 1
+}
+
+# running: the instance exists, its start script still runs and its root filesystem is there;
+# exited: the instance exists but the service ended (or was killed), or its root filesystem went
+# with a killed FUSE helper; absent: no instance. In STATE_NOW.
 STATE_NOW=""
 service_state() {
     instance_pid
     if [ -z "$IPID" ]; then
         STATE_NOW=absent
-    elif kill -0 "$IPID" 2>/dev/null && child_of "$IPID"; then
+    elif kill -0 "$IPID" 2>/dev/null && child_of "$IPID" && ! root_lost; then
         STATE_NOW=running
     else
         STATE_NOW=exited
@@ -561,9 +606,78 @@ wait_healthy() {
     done
 }
 
+# ---- progress of `up` ------------------------------------------------------------------------
+# Each service's state as it changes: waiting for its dependencies, starting, waiting for health,
+# healthy or running, already running, failed (with the reason). On a terminal `up` redraws one
+# block, a line per service, in place; otherwise (a batch job's log) each change is one line
+# "[project] service: state". The services write their state to RUNDIR/NAME.progress for the block.
+PROGRESS_TTY=0
+progress() {
+    if [ "$PROGRESS_TTY" = 1 ]; then
+        printf '%(%s)T %s\n' -1 "$2" >"$RUNDIR/$1.progress"
+    else
+        note "$1: $2"
+    fi
+}
+
+# This service's dependencies as words: "db (healthy), init (completed successfully)".
+depends_text() {
+    local dep cond out=""
+    for dep in "${S_DEPENDS[@]}"; do
+        cond=${dep#*:} cond=${cond#service_}
+        out+=${out:+, }"${dep%%:*} (${cond//_/ })"
+    done
+    printf '%s' "$out"
+}
+
+# Redraw the block for the services in $1.. ("--" then the pids of their start jobs) until the
+# jobs have ended: one printf per change (a running clock changes it once a second), no fork.
+watch_progress() {
+    local names=() pids=() name pid t text now line block last="" width lines=0 alive
+    while [ "$1" != -- ]; do names+=("$1"); shift; done
+    shift
+    pids=("$@")
+    width=$(stty size 0<&2 2>/dev/null) width=${width#* }  # "ROWS COLUMNS" of stderr's terminal
+    [ "$width" -gt 0 ] 2>/dev/null || width=80  # (a terminal of no known size says 0)
+    while :; do
+        alive=0
+        for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        printf -v now '%(%s)T' -1
+        block=""
+        for name in "${names[@]}"; do
+            t="" text=""
+            { read -r t text || true; } 2>/dev/null <"$RUNDIR/$name.progress"
+            case "$text" in
+                "" ) text=waiting ;;
+                healthy | running | completed | "already running" | failed*) ;;
+                *) [ -n "$t" ] && text+=" ($((now - t)) s)" ;;
+            esac
+            line="[$PROJECT] $name: $text"
+            block+=$'\r\e[K'"${line:0:width-1}"$'\n'
+        done
+        if [ "$block" != "$last" ]; then
+            ((lines > 0)) && printf '\e[%dA' "$lines" >&2
+            printf '%s' "$block" >&2
+            last=$block lines=${#names[@]}
+        fi
+        [ "$alive" = 1 ] || return 0
+        nap 0.2
+    done
+}
+
+# One service of `up`, started in the background: a failure shows in its progress too.
+up_one() {
+    start_service "$1" && return 0
+    local st
+    st=$(get_status "$1")
+    progress "$1" "failed: ${st#failed }"
+    return 1
+}
+
 start_service() {
-    local name=$1 reason held i
+    local name=$1 reason held i already=0
     load_service "$name"
+    [ ${#S_DEPENDS[@]} -gt 0 ] && progress "$name" "waiting for $(depends_text)"
     if ! reason=$(wait_dependencies); then
         set_status "$name" "failed $reason"
         return 1
@@ -571,7 +685,8 @@ start_service() {
     set_status "$name" starting
     service_state
     if [ "$STATE_NOW" = running ]; then
-        note "$name: already running"
+        progress "$name" "already running"
+        already=1
     else
         if [ "$STATE_NOW" = exited ]; then
             remove_instance
@@ -590,19 +705,21 @@ start_service() {
         rm -f "$RUNDIR/$name.stopped"
         runtime_flags
         if [ "$S_ONESHOT" = 1 ]; then
-            note "$name: running to completion"
+            progress "$name" "running to completion"
             "$RT" exec "${FLAGS[@]}" "$S_SIF" /.singularity.d/startscript >"$STATE/logs/$name.log" 2>&1
             local rc=$?
             set_status "$name" "completed $rc"
             [ "$rc" = 0 ] || { set_status "$name" "failed exited with code $rc"; return 1; }
+            progress "$name" completed
             return 0
         fi
-        note "$name: starting instance $S_INSTANCE"
+        progress "$name" "starting instance $S_INSTANCE"
         if ! "$RT" instance start "${FLAGS[@]}" "$S_SIF" "$S_INSTANCE" >"$STATE/logs/$name.start.log" 2>&1; then
             set_status "$name" "failed instance start: $(grep -v '^INFO' "$STATE/logs/$name.start.log" | head -n 2 | tr '\n' ' ')"
             return 1
         fi
         refresh_instance
+        record_helpers
         # the start script runs as soon as the instance is up: a moment for it to show
         for ((i = 0; i < 20; i++)); do
             service_running && break
@@ -615,15 +732,18 @@ start_service() {
     fi
     set_status "$name" started
     if [ ${#S_HEALTH[@]} -gt 0 ]; then
+        progress "$name" "waiting for health"
         if ! reason=$(wait_healthy); then
             set_status "$name" "failed $reason"
             return 1
         fi
         set_status "$name" healthy
-        note "$name: healthy"
+        progress "$name" healthy
     elif ! reason=$(wait_listening "${C2S_LISTEN_TIMEOUT:-60}"); then
         set_status "$name" "failed $reason"
         return 1
+    elif [ "$already" = 0 ]; then
+        progress "$name" running
     fi
     return 0
 }
@@ -661,9 +781,13 @@ cmd_up() {
     for name in "${names[@]}"; do load_service "$name"; done  # unknown names end here, with a message
     detect_runtime
     prepare_state
+    clean_stale up
     stop_supervisor  # one supervisor per project; a new one starts below
     mapfile -t names < <(closure "${names[@]}")
-    for name in "${names[@]}"; do rm -f "$(status_file "$name")" "$RUNDIR/$name.timeline"; probe_fakeroot "$name"; done
+    for name in "${names[@]}"; do
+        rm -f "$(status_file "$name")" "$RUNDIR/$name.timeline" "$RUNDIR/$name.progress"
+        probe_fakeroot "$name"
+    done
     assign_gpus "${names[@]}"
     list_instances
     # nothing starts while an endpoint of a service to start is taken on this node
@@ -673,10 +797,13 @@ cmd_up() {
         echo "run.sh: up: nothing was started; stop what holds it, or convert again here to re-plan" >&2
         return 1
     fi
+    [ -t 2 ] && [ "${TERM:-dumb}" != dumb ] && PROGRESS_TTY=1
     for name in "${names[@]}"; do
-        start_service "$name" &
+        up_one "$name" &
         pids+=($!)
     done
+    [ "$PROGRESS_TTY" = 1 ] && watch_progress "${names[@]}" -- "${pids[@]}"
+    PROGRESS_TTY=0  # a restart under the supervisor is told in lines
     local pid
     for pid in "${pids[@]}"; do wait "$pid" || true; done
     for name in "${names[@]}"; do
@@ -709,13 +836,36 @@ cmd_up() {
     printf '%s\n' "${names[@]}" >"$RUNDIR/supervised"
     if [ "$detach" = 1 ]; then
         if needs_supervisor; then
+            # ignored from the fork on: where run.sh leads its terminal's session (`ssh -t node
+            # run.sh up -d`) the hangup at its exit would reach the child before nohup runs
+            trap '' HUP
             nohup setsid "$HERE/run.sh" _supervise </dev/null >"$STATE/logs/supervisor.log" 2>&1 &
-            echo $! >"$RUNDIR/supervisor.pid"
+            proc_start $!
+            echo "$! $PROC_START" >"$RUNDIR/supervisor.pid"
         fi
         return 0
     fi
-    trap 'note "stopping (signal)"; cmd_down; exit 0' TERM INT HUP
+    # in the foreground this process is the supervisor: `down` or another `up` ends it
+    proc_start $$
+    echo "$$ $PROC_START" >"$RUNDIR/supervisor.pid"
+    SUPERVISOR_PID_FILE="$RUNDIR/supervisor.pid"
+    trap on_stop_signal TERM INT HUP
     supervise
+}
+
+# A signal to the foreground `up`: the end of a batch job (stop everything), or `down` or another
+# `up` that took over (they removed our supervisor.pid first; nothing to do).
+on_stop_signal() {
+    local pid=""
+    { read -r pid _ || true; } 2>/dev/null <"$RUNDIR/supervisor.pid"
+    if [ "$pid" != "$$" ]; then
+        note "up: ended by another run.sh up or down"
+        exit 0
+    fi
+    rm -f "$RUNDIR/supervisor.pid"
+    note "stopping (signal)"
+    cmd_down
+    exit 0
 }
 
 # Where a person goes next: the web front's URL on this node, and the SSH tunnel from a laptop
@@ -753,7 +903,7 @@ supervise() {
         # a background supervisor that another `up` or `down` replaced ends here
         if [ -n "${SUPERVISOR_PID_FILE:-}" ]; then
             pid=""
-            { read -r pid || true; } 2>/dev/null <"$SUPERVISOR_PID_FILE"
+            { read -r pid _ || true; } 2>/dev/null <"$SUPERVISOR_PID_FILE"
             [ "$pid" = "$BASHPID" ] || return 0
         fi
         relist=$((1 - INSTANCES_LISTED))
@@ -795,7 +945,7 @@ cmd_supervise() {
     local i pid
     for ((i = 0; i < 50; i++)); do  # `up` writes our pid just after starting us
         pid=""
-        { read -r pid || true; } 2>/dev/null <"$SUPERVISOR_PID_FILE"
+        { read -r pid _ || true; } 2>/dev/null <"$SUPERVISOR_PID_FILE"
         [ "$pid" = "$BASHPID" ] && break
         nap 0.1
     done
@@ -846,19 +996,74 @@ stop_service() {
     rm -f "$(status_file "$name")"
 }
 
-# The background supervisor and whatever it runs (a restart in progress): its process group
-# (setsid made it a group leader), once it is sure to be ours.
+# The supervisor and whatever it runs (a restart in progress): its process group (setsid made a
+# background one a group leader), once it is sure to be ours: supervisor.pid holds its pid and
+# start time, and a pid alone may name another process by now.
 stop_supervisor() {
-    local pid="" i
-    { read -r pid || true; } 2>/dev/null <"$RUNDIR/supervisor.pid"
+    local pid="" start="" i
+    { read -r pid start || true; } 2>/dev/null <"$RUNDIR/supervisor.pid"
     rm -f "$RUNDIR/supervisor.pid"
-    [ -n "$pid" ] && grep -qa -- _supervise "/proc/$pid/cmdline" 2>/dev/null || return 0
+    [ -n "$pid" ] && proc_start "$pid" && [ "$PROC_START" = "$start" ] || return 0
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || return 0
     for ((i = 0; i < 40; i++)); do
         parent_of "$pid" || return 0  # gone, or a zombie
         nap 0.05
     done
     kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+}
+
+# What a killed run (kill -9, an ended batch job, a reboot) leaves behind. The runtime forgets
+# its dead instances by itself (`instance list` drops a record whose starter is gone), but RUNDIR
+# is on disk: a status that says a service runs whose instance is gone, an instance whose root
+# filesystem went with a killed FUSE helper, a supervisor.pid naming a process that is not (or no
+# longer) our supervisor. One note says what was found; `up` and `down` ($1) clear the records
+# (they restart or remove such instances anyway), `ps` shows those services as exited.
+clean_stale() {
+    local name st killed=() lost=() pid="" start=""
+    [ "$INSTANCES_LISTED" = 1 ] || list_instances
+    for name in "${SERVICES[@]}"; do
+        load_service "$name"
+        [ "$S_ONESHOT" = 1 ] && continue
+        instance_pid
+        if [ -n "$IPID" ]; then
+            root_lost || continue
+            lost+=("$name")
+            # its processes still hold its endpoints: gone before `up` checks them (`down` stops it anyway)
+            if [ "$1" = up ]; then
+                remove_instance
+                wait_ended "$STARTER"
+                unset "INSTANCE_PIDS[$S_INSTANCE]"
+            fi
+            continue
+        fi
+        st=""
+        { IFS= read -r st || true; } 2>/dev/null <"$RUNDIR/$name.status"
+        case "$st" in started | healthy) killed+=("$name") ;; *) continue ;; esac
+        [ "$1" = ps ] || rm -f "$RUNDIR/$name.status" "$RUNDIR/$name.health" "$RUNDIR/$name.helpers"
+    done
+    if [ ${#killed[@]} -gt 0 ]; then
+        case "$1" in
+            ps) note "${killed[*]}: ended without \`down\` (killed, or the node rebooted): no instance is left; \`up\` starts them again" ;;
+            *) note "${killed[*]}: ended without \`down\` (killed, or the node rebooted): their records are cleared" ;;
+        esac
+    fi
+    for name in "${lost[@]}"; do
+        case "$1" in
+            ps) st="counted as exited; \`up\` starts it again" ;;
+            *) st="its instance is removed" ;;
+        esac
+        note "$name: its root filesystem is gone (a FUSE helper of the runtime was killed: \"Transport endpoint is not connected\"); $st"
+    done
+    { read -r pid start || true; } 2>/dev/null <"$RUNDIR/supervisor.pid"
+    if [ -n "$pid" ] && ! { proc_start "$pid" && [ "$PROC_START" = "$start" ]; }; then
+        rm -f "$RUNDIR/supervisor.pid"
+        case "$1" in
+            ps) st="restart policies apply again after \`up\`" ;;
+            *) st=forgotten ;;
+        esac
+        note "the supervisor (pid $pid) has gone without \`down\` (killed, or the node rebooted): $st"
+    fi
+    return 0
 }
 
 # Compose's down, in reverse start order: the stop signal to every service of a level at once,
@@ -871,6 +1076,7 @@ cmd_down() {
     mkdir -p "$RUNDIR"
     stop_supervisor
     list_instances
+    clean_stale down
     for ((level = MAX_LEVEL; level >= 0; level--)); do
         scripts=() graces=() names=() outlived=0
         for ((i = ${#SERVICES[@]} - 1; i >= 0; i--)); do
@@ -928,6 +1134,7 @@ cmd_ps() {
     detect_runtime
     mkdir -p "$RUNDIR"
     list_instances
+    clean_stale ps
     # health: the last recorded result while it is fresh, else a probe; the probes in parallel
     for name in "${SERVICES[@]}"; do
         load_service "$name"
