@@ -9,7 +9,7 @@ import os
 import re
 import shutil
 import subprocess
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from compose2sif import runtime
 from compose2sif.plan.network import node_listeners, overlaps
@@ -205,6 +205,7 @@ def plan_lines(out_dir: str) -> List[Line]:
         return [("warn", f"no plan.json in {out_dir}: endpoints not checked (run `compose2sif convert` first)")]
     lines: List[Line] = []
     listening = node_listeners()
+    instances = None  # pid -> name of the user's instances, read when a port is taken
     for service in plan.get("services", []):
         for port in service.get("ports", []):
             endpoint = (port["address"], port["host"])
@@ -214,7 +215,13 @@ def plan_lines(out_dir: str) -> List[Line]:
                                       "who reaches this node reaches it (fix: publish it on 127.0.0.1 in the compose file)"))
             taken = sorted(held for held in listening if overlaps(held, endpoint))
             if taken:
-                lines.append(("fail", f"service {service['name']}: {shown} is taken ({_holder(port['host'])}; fix: "
+                holder, pid = _holder(endpoint)
+                instances = _instances() if instances is None else instances
+                if pid is not None and _instance_of(pid, instances) == service.get("instance"):
+                    lines.append(("ok", f"service {service['name']}: {shown} is served by its own running "
+                                        f"instance {service['instance']}"))
+                    continue
+                lines.append(("fail", f"service {service['name']}: {shown} is taken ({holder}; fix: "
                                       f"stop that, or convert again to move the port)"))
             else:
                 lines.append(("ok", f"service {service['name']}: {shown} is free"))
@@ -229,14 +236,47 @@ def plan_lines(out_dir: str) -> List[Line]:
     return lines
 
 
-def _holder(port: int) -> str:
-    """Who listens on PORT, as `ss -ltnp` tells (only the user's own processes are named)."""
+def _holder(endpoint: Tuple[str, int]) -> Tuple[str, Optional[int]]:
+    """Who listens where a client of ENDPOINT would land, as `ss -ltnp` tells (it names only the
+    user's own processes): a text, and the pid where ss names one."""
     if shutil.which("ss"):
-        out = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True).stdout
-        match = re.search(r'users:\(\("([^"]+)",pid=(\d+)', out)
-        if match:
-            return f"held by {match.group(1)}, pid {match.group(2)}"
-    return "held by another user's process, or one ss cannot name"
+        out = subprocess.run(["ss", "-Hltnp", f"sport = :{endpoint[1]}"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            fields = line.split()
+            local = fields[3] if len(fields) > 3 else ""
+            address = local.rsplit(":", 1)[0].strip("[]").replace("*", "0.0.0.0")
+            match = re.search(r'users:\(\("([^"]+)",pid=(\d+)', line)
+            if match and overlaps((address, endpoint[1]), endpoint):
+                return f"held by {match.group(1)}, pid {match.group(2)}", int(match.group(2))
+    return "held by another user's process, or one ss cannot name", None
+
+
+def _instances() -> Dict[int, str]:
+    """The user's instances: the pid of each one's init, and its name."""
+    found = runtime.detect()
+    if found is None:
+        return {}
+    try:
+        listing = subprocess.run([found[0], "instance", "list", "--json"], capture_output=True, text=True, timeout=60)
+        entries = json.loads(listing.stdout or "{}").get("instances") or []
+    except (OSError, ValueError, AttributeError, subprocess.TimeoutExpired):
+        return {}
+    return {int(e["pid"]): str(e["instance"]) for e in entries if isinstance(e, dict) and "pid" in e and "instance" in e}
+
+
+def _instance_of(pid: int, instances: Dict[int, str]) -> Optional[str]:
+    """The instance process PID runs in: the first of its ancestors that is an instance's init."""
+    for _ in range(64):
+        if pid in instances:
+            return instances[pid]
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        if pid <= 1:
+            return None
+    return None
 
 
 def _read_lines(path: str) -> List[str]:

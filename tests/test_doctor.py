@@ -51,3 +51,23 @@ def test_doctor_names_a_taken_endpoint_and_fails(tmp_path):
     line = next(line for line in taken.stdout.splitlines() if f":{port}" in line)
     assert line.startswith(f"fail service cache: 127.0.0.1:{port} is taken (held by python"), line
     assert f"pid {os.getpid()}" in line
+
+
+def test_a_listener_inside_an_instance_is_found_by_its_ancestry():
+    """doctor's "served by its own running instance": the holder ss names, and the instance whose
+    init is among its ancestors (this test process stands in for an instance's init)."""
+    from compose2sif.doctor import _holder, _instance_of
+    port = _free_port()
+    child = subprocess.Popen([sys.executable, "-c", "import socket, sys, time; s = socket.socket(); "
+                              f"s.bind(('127.0.0.1', {port})); s.listen(); print('up', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "up"
+        text, pid = _holder(("127.0.0.1", port))
+        assert pid == child.pid and text.startswith("held by python"), text
+        assert _instance_of(pid, {os.getpid(): "c2s-p-cache"}) == "c2s-p-cache"
+        assert _instance_of(pid, {12345678: "c2s-p-other"}) is None
+        assert _holder(("127.0.0.2", port)) == ("held by another user's process, or one ss cannot name", None)
+    finally:
+        child.kill()
+        child.wait()

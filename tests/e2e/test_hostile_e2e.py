@@ -81,3 +81,14 @@ def test_doctor_on_the_node_healthy_and_with_a_taken_port(node):
     taken = node.run(f"cd ~; {holder} python3 -m compose2sif doctor -o out-doctor; echo rc=$?; kill %1", timeout=300)
     assert "rc=1" in taken.stdout, taken.stdout + taken.stderr
     assert "fail service cache: 127.0.0.1:18655 is taken (held by python3, pid" in taken.stdout, taken.stdout
+    # while the project itself runs, its own instances hold its endpoints: that is no failure
+    up = node.c2s(f"-f doctor-stack/compose.yaml up -d --offline --registry-mirror {node.registry} -o out-doctor",
+                  timeout=600)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        running = node.c2s("doctor -o out-doctor", timeout=300)
+        assert "ok   service cache: 127.0.0.1:18655 is served by its own running instance" in running.stdout, \
+            running.stdout
+        assert running.returncode == 0, running.stdout + running.stderr
+    finally:
+        node.run("cd ~ && out-doctor/run.sh down", timeout=300)
