@@ -41,7 +41,8 @@ SERVICE_KEYS: Dict[str, KeySupport] = {
     "annotations": _u("container annotations have no Apptainer equivalent; ignored"),
     "attach": _h("log attachment; instance logs are always kept and shown by `logs`"),
     "blkio_config": _u(_NO_CGROUPS),
-    "build": _h("converted to a Singularity definition file and built into a SIF"),
+    "build": _h("converted to a Singularity definition file and built into a SIF; a Dockerfile FROM an image "
+                "another service builds starts from that service's SIF, built first"),
     "cap_add": _u("an unprivileged instance cannot gain capabilities; ignored"),
     "cap_drop": _u("instances already run with the caller's (unprivileged) capabilities; ignored"),
     "cgroup": _u("no cgroup namespace control without root; ignored"),

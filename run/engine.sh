@@ -1389,8 +1389,13 @@ wait_build() {
 # from a registry tag is checked against the registry: a tag that moved is built again.
 build_one() {
     local key=$1 pull=${2:-0} def="$HERE/definitions/$1.def" sif="$HERE/sif/$1.sif" digest log cached flags=()
-    local force=${C2S_FORCE_BUILD:-0} ref want=""
-    digest=$(sha256sum "$def" | cut -d' ' -f1)
+    local force=${C2S_FORCE_BUILD:-0} ref want="" base
+    # An image built FROM another image of the project is out of date when that one changed: its
+    # digest covers the base's digest and the registry digest the base was pulled at.
+    image_bases "$key"
+    digest=$({ cat "$def" && for base in "${BASES_OF[@]}"; do
+        cat "$HERE/sif/$base.sif.digest" && { cat "$HERE/sif/$base.sif.source" 2>/dev/null || true; }
+    done; } | sha256sum | cut -d' ' -f1)
     cached="$SIF_CACHE/$digest.sif"
     if [ "$pull" = 1 ] && ref=$(registry_tag "$def"); then
         build_state "$key" "checking $ref"
@@ -1427,7 +1432,8 @@ build_one() {
         build_state "$key" "failed (log: $log)"
         return 1
     fi
-    if env "${BUILD_ENV[@]}" "$RT" build --force "${flags[@]}" "$cached.$$.tmp" "$def" >"$log" 2>&1 &&
+    # in the output directory: a localimage stage's From (sif/KEY.sif) is relative to it
+    if (cd "$HERE" && exec env "${BUILD_ENV[@]}" "$RT" build --force "${flags[@]}" "$cached.$$.tmp" "$def") >"$log" 2>&1 &&
         mv -f "$cached.$$.tmp" "$cached"; then
         if [ -n "$want" ]; then printf '%s\n' "$want" >"$cached.source"; else rm -f "$cached.source"; fi
         link_sif "$cached" "$sif" "$digest"
@@ -1479,17 +1485,26 @@ cmd_pull() {
     build_images 1 "${keys[@]}"
 }
 
-build_images() {
-    local pull=$1 jobs=${C2S_BUILD_JOBS:-2} pids=() keys=() failed=() i key pid
-    shift
-    detect_runtime --images-only
-    prepare_state
-    mkdir -p "$HERE/sif"
-    choose_storage
-    if [ -t 2 ] && [ "${TERM:-dumb}" != dumb ]; then
-        LIVE=1 BUILD_KEYS=("$@")
-        for key in "$@"; do rm -f "$RUNDIR/build-$key.state"; done
-    fi
+# The images of this project that image $1 starts from, in BASES_OF: the planner writes a FROM
+# of an image another service builds as a `Bootstrap: localimage` stage From sif/KEY.sif.
+image_bases() {
+    local line boot="" from
+    BASES_OF=()
+    while IFS= read -r line; do
+        case "$line" in
+            Bootstrap:*) boot=${line#Bootstrap:} boot=${boot// /} ;;
+            From:*)
+                from=${line#From:} from=${from// /}
+                case "$boot:$from" in localimage:sif/*.sif) from=${from#sif/} && BASES_OF+=("${from%.sif}") ;; esac ;;
+        esac
+    done <"$HERE/definitions/$1.def"
+}
+
+# Build images $3... at most $2 at a time; those that fail are tried again one at a time, and
+# added to BAD when that fails too.
+build_round() {
+    local pull=$1 jobs=$2 pids=() keys=() failed=() i key pid
+    shift 2
     for key in "$@"; do
         while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do draw_builds; nap 0.3; done
         build_one "$key" "$pull" &
@@ -1501,15 +1516,54 @@ build_images() {
         build_state "$key" "build failed; retrying alone"
         build_one "$key" "$pull" &
         pid=$!
-        if ! wait_build "$pid"; then
-            draw_builds
-            echo "run.sh: building image $key failed; last lines of $STATE/logs/build-$key.log:" >&2
-            tail -n 20 "$STATE/logs/build-$key.log" >&2
-            return 1
-        fi
+        wait_build "$pid" || BAD+=("$key") LOGS+=("$key")
+    done
+}
+
+# Images that start from another image of the project are built after it, in rounds; one whose
+# base failed is not built, and says so.
+build_images() {
+    local pull=$1 jobs=${C2S_BUILD_JOBS:-2} todo=() round=() later=() key base blocked waiting
+    local BAD=() LOGS=()
+    shift
+    detect_runtime --images-only
+    prepare_state
+    mkdir -p "$HERE/sif"
+    choose_storage
+    if [ -t 2 ] && [ "${TERM:-dumb}" != dumb ]; then
+        LIVE=1 BUILD_KEYS=("$@")
+        for key in "$@"; do rm -f "$RUNDIR/build-$key.state"; done
+    fi
+    todo=("$@")
+    while [ ${#todo[@]} -gt 0 ]; do
+        round=() later=()
+        for key in "${todo[@]}"; do
+            image_bases "$key"
+            blocked="" waiting=""
+            for base in "${BASES_OF[@]}"; do
+                [[ " ${BAD[*]} " == *" $base "* ]] && blocked=$base
+                [[ " ${todo[*]} " == *" $base "* ]] && waiting=1
+            done
+            if [ -n "$blocked" ]; then
+                build_state "$key" "not built: it starts from image $blocked, which failed"
+                BAD+=("$key")
+            elif [ -n "$waiting" ]; then
+                later+=("$key")
+            else
+                round+=("$key")
+            fi
+        done
+        [ ${#round[@]} -gt 0 ] || [ ${#later[@]} -eq 0 ] ||
+            die "images ${later[*]} start from each other (definitions/*.def); run compose2sif convert again"
+        [ ${#round[@]} -eq 0 ] || build_round "$pull" "$jobs" "${round[@]}"
+        todo=("${later[@]}")
     done
     draw_builds
-    return 0
+    for key in "${LOGS[@]}"; do
+        echo "run.sh: building image $key failed; last lines of $STATE/logs/build-$key.log:" >&2
+        tail -n 20 "$STATE/logs/build-$key.log" >&2
+    done
+    [ ${#BAD[@]} -eq 0 ]
 }
 
 # For `compose2sif doctor`: where SIFs, the runtime's cache and the build space go, and why.

@@ -12,7 +12,7 @@ import pytest
 
 from compose2sif.errors import ComposeError
 from compose2sif.load import ProjectOptions, load_project
-from compose2sif.plan import PlanOptions, build_plan
+from compose2sif.plan import PlanOptions, build_plan, image_definitions
 from compose2sif.plan.network import References, overlaps
 
 REALWORLD = Path(__file__).resolve().parent.parent.parent / "shared" / "realworld"
@@ -40,11 +40,15 @@ PROJECTS = {
 }
 
 
-def _load(name: str, tmp_path: Path):
+def _load(name: str, tmp_path: Path, dockerfiles=None):
+    """The project, in a copy; ``dockerfiles``: stand-ins to write (path in the project -> text)."""
     if not REALWORLD.is_dir():
         pytest.fail(f"{REALWORLD} is missing: ../shared must be beside the repository")
     copy = tmp_path / name
     shutil.copytree(REALWORLD / name, copy, symlinks=True)
+    for path, text in (dockerfiles or {}).items():
+        (copy / path).parent.mkdir(parents=True, exist_ok=True)
+        (copy / path).write_text(text)
     subdir, files, env = PROJECTS[name]
     cwd = copy / subdir
     options = ProjectOptions(cwd=str(cwd), files=[str(cwd / f) for f in files],
@@ -105,3 +109,21 @@ def test_realworld_project_plans_soundly_or_is_refused_with_the_fix(name, tmp_pa
 
 def test_every_realworld_project_is_in_the_table():
     assert sorted(p.name for p in REALWORLD.iterdir() if p.is_dir()) == sorted(PROJECTS)
+
+
+def test_sentry_cron_image_is_built_from_the_image_web_builds(tmp_path):
+    """sentry-cleanup's build passes BASE_IMAGE=sentry-self-hosted-local, the image `web` (and the
+    other x-sentry-defaults services) builds: it starts from that SIF, not from a pull of
+    docker.io/library/sentry-self-hosted-local. The Dockerfiles are stand-ins with upstream's FROMs."""
+    project = _load("sentry-self-hosted", tmp_path, {
+        "sentry/Dockerfile": "ARG SENTRY_IMAGE\nFROM ${SENTRY_IMAGE}\n",
+        "cron/Dockerfile": "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN apt-get update && apt-get install -y cron\n"})
+    images = image_definitions(project)
+    keys = list(images)
+    assert keys.index("sentry-self-hosted-local") < keys.index("sentry-cleanup-self-hosted-local")
+    assert "web" in images["sentry-self-hosted-local"].services
+    assert images["sentry-cleanup-self-hosted-local"].services == ["sentry-cleanup"]
+    head = [line for line in images["sentry-cleanup-self-hosted-local"].definition.splitlines()
+            if line.startswith(("Bootstrap:", "From:"))]
+    assert head == ["Bootstrap: localimage", "From: sif/sentry-self-hosted-local.sif"]
+    assert "From: ghcr.io/getsentry/sentry:nightly" in images["sentry-self-hosted-local"].definition

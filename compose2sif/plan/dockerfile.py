@@ -80,6 +80,7 @@ def _files_path(path: str, where: str) -> str:
 class Stage:
     name: str
     base: str
+    bootstrap: str = "docker"  # localimage: FROM an image another service of the project builds
     files: List[Tuple[str, str]] = field(default_factory=list)       # (host path or stage path, staging path)
     from_stages: List[Tuple[str, str, str]] = field(default_factory=list)  # (stage, path in stage, staging path)
     post: List[str] = field(default_factory=list)
@@ -454,9 +455,10 @@ class _Converter:
 
 
 def convert(dockerfile: str, context: str, build_args: Dict[str, Optional[str]], target: Optional[str],
-            where: str, image_ref=lambda image: image) -> ConvertedDockerfile:
+            where: str, image_ref=lambda image: image, local_image=lambda image: None) -> ConvertedDockerfile:
     """Convert Dockerfile text. ``context`` is the absolute build context directory;
-    ``image_ref`` maps a FROM image to the reference to pull (a registry mirror)."""
+    ``image_ref`` maps a FROM image to the reference to pull (a registry mirror); ``local_image``
+    gives the SIF of a FROM (or COPY --from) image that the project builds itself, else None."""
     converter = _Converter(where, context, build_args)
     for ins in parse(dockerfile, where):
         converter.instruction(ins)
@@ -474,7 +476,11 @@ def convert(dockerfile: str, context: str, build_args: Dict[str, Optional[str]],
         if stage.base == "scratch":
             raise ComposeError(f"{where}: stage {stage.name} is FROM scratch, which cannot be built into a SIF "
                                "without a base image")
-        stage.base = header_value(image_ref(stage.base), f"{where}: FROM image")
+        sif = local_image(stage.base)
+        if sif:
+            stage.bootstrap, stage.base = "localimage", header_value(sif, f"{where}: FROM image")
+        else:
+            stage.base = header_value(image_ref(stage.base), f"{where}: FROM image")
     return ConvertedDockerfile(definition=_render(needed, final), workdir=final.workdir,
                                exposed=final.exposed, user=final.user, warnings=converter.warnings)
 
@@ -509,7 +515,7 @@ def _runscript(stage: Stage) -> List[str]:
 def _render(stages: List[Stage], final: Stage) -> str:
     out: List[str] = []
     for stage in stages:
-        out.append(f"Bootstrap: docker\nFrom: {stage.base}\nStage: {_stage_label(stage.name)}\n")
+        out.append(f"Bootstrap: {stage.bootstrap}\nFrom: {stage.base}\nStage: {_stage_label(stage.name)}\n")
         if stage.files:
             out.append("%files")
             out += [f"    {host} {staging}" for host, staging in stage.files]

@@ -69,6 +69,18 @@ def docker_reference(image: str, mirror: Optional[str]) -> str:
     return f"{mirror.rstrip('/')}/{image}"
 
 
+def _image_name(image: str) -> str:
+    """An image reference as Docker resolves it: `redis` and `docker.io/library/redis:latest` are one."""
+    for prefix in ("docker.io/", "index.docker.io/"):
+        if image.startswith(prefix):
+            image = image[len(prefix):]
+    if image.startswith("library/") and image.count("/") == 1:
+        image = image[len("library/"):]
+    if "@" not in image and ":" not in image.rsplit("/", 1)[-1]:
+        image += ":latest"
+    return image
+
+
 def _definition(header: str, comment: str) -> str:
     return f"# {comment_text(comment)}\n{header}\n{STARTSCRIPT}"
 
@@ -159,7 +171,30 @@ def plan_images(services: List[Service], working_dir: str, mirror: Optional[str]
         return add(f"docker:{image}", lambda: ImageSource(
             _key(image), "docker", image, _definition(f"Bootstrap: docker\nFrom: {ref}\n", f"image {image}")))
 
+    # images that a service of the project builds (not pulled): a Dockerfile FROM one of them
+    # starts from that service's SIF, built first (run.sh orders the builds by these headers)
+    builders: Dict[str, Service] = {}
     for service in services:
+        if (service.build is not None and service.image and not source_override(service, cli_sources)
+                and pull_or_build(service, image_configs)[0] == "build"):
+            builders.setdefault(_image_name(service.image), service)
+    planned: Dict[str, ImageSource] = {}
+    in_progress: List[str] = []
+
+    def local_image(service: Service, image: str) -> Optional[str]:
+        builder = builders.get(_image_name(image))
+        if builder is None:
+            return None
+        if builder.name in in_progress:  # in_progress: each service's build starts FROM the next one's image
+            chain = " FROM ".join(repr(n) for n in in_progress[in_progress.index(builder.name):] + [builder.name])
+            raise ComposeError(f"its Dockerfile uses image {image}: a cycle of images built from each other: services "
+                               f"{chain}; refused", path=f"services.{service.name}.build")
+        return f"sif/{plan_service(builder).key}.sif"  # relative: run.sh builds in its own directory
+
+    def plan_service(service: Service) -> ImageSource:
+        if service.name in planned:
+            return planned[service.name]
+        in_progress.append(service.name)
         override = source_override(service, cli_sources)
         decision_note = None
         if override:
@@ -185,7 +220,7 @@ def plan_images(services: List[Service], working_dir: str, mirror: Optional[str]
             build = None
             if choice == "build":
                 try:
-                    build = _build(service, working_dir, mirror)
+                    build = _build(service, working_dir, mirror, local_image)
                 except DockerfileMissing as exc:
                     if not (service.image and decision_note):  # nothing to pull instead
                         raise exc.error from None
@@ -204,10 +239,16 @@ def plan_images(services: List[Service], working_dir: str, mirror: Optional[str]
         if decision_note:
             source.warnings.append(decision_note)
         source.services.append(service.name)
+        in_progress.remove(service.name)
+        planned[service.name] = source
+        return source
+
+    for service in services:
+        plan_service(service)
     return sources
 
 
-def _build(service: Service, working_dir: str, mirror: Optional[str]):
+def _build(service: Service, working_dir: str, mirror: Optional[str], local_image):
     """(identity, maker) of a build: services with the same context, Dockerfile, args and target
     share one definition and one SIF."""
     build = service.build or {}
@@ -238,7 +279,8 @@ def _build(service: Service, working_dir: str, mirror: Optional[str]):
     def make() -> ImageSource:
         try:
             converted = dockerfile.convert(text, context, args, target, name,
-                                           lambda image: docker_reference(image, mirror))
+                                           lambda image: docker_reference(image, mirror),
+                                           lambda image: local_image(service, image))
         except ComposeError as exc:
             exc.path = exc.path or where
             raise

@@ -100,3 +100,45 @@ def test_failed_build_names_its_log(node):
     assert f"[broken] image {key}: failed (log: {log})" in proc.stderr, proc.stderr
     assert f"[broken] image {key}: build failed; retrying alone" in proc.stderr
     assert f"run.sh: building image {key} failed; last lines of {log}:" in proc.stderr
+
+
+def test_an_image_built_from_another_services_image(node):
+    """b's Dockerfile is FROM the image a builds: `run.sh build` (started from another directory)
+    builds a, then b from a's SIF, which has a's file and its own; a changed a rebuilds both; a failed a
+    leaves b unbuilt, saying why."""
+    stack = node.copy_stack("local-base-stack", source="local-base-stack")
+    node.run("cd ~ && rm -rf localbase-out /scratch/hpc/localbase-store", check=True)  # its own SIF cache
+    node.c2s(f"-f local-base-stack/compose.yaml convert --registry-mirror {node.registry} -o localbase-out",
+             timeout=300, check=True)
+
+    build_sh = "C2S_STORAGE=/scratch/hpc/localbase-store ~/localbase-out/run.sh build"
+
+    def build():
+        proc = node.run(f"cd / && {build_sh}", timeout=900)
+        assert proc.returncode == 0, proc.stderr
+        return [line for line in proc.stderr.splitlines() if line.startswith("[localbase] image ")]
+
+    lines = build()
+    assert lines.index("[localbase] image localbase-a: built") < \
+        lines.index("[localbase] image localbase-b: building --fakeroot"), lines
+    assert "[localbase] image localbase-b: built" in lines
+    files = "apptainer exec ~/localbase-out/sif/localbase-b.sif cat /a.txt /b.txt"
+    assert node.run(files, check=True).stdout.split() == ["a1", "b"]
+    assert build() == ["[localbase] image localbase-a: up to date", "[localbase] image localbase-b: up to date"]
+
+    (stack / "a" / "Dockerfile").write_text("FROM c2s/python:test\nRUN echo a2 > /a.txt\n")
+    node.c2s(f"-f local-base-stack/compose.yaml convert --registry-mirror {node.registry} -o localbase-out",
+             timeout=300, check=True)
+    lines = build()
+    assert "[localbase] image localbase-a: built" in lines and "[localbase] image localbase-b: built" in lines, lines
+    assert node.run(files, check=True).stdout.split() == ["a2", "b"]
+
+    # a's build fails: b is not built, in one line naming a
+    (stack / "a" / "Dockerfile").write_text("FROM c2s/python:test\nRUN echo a3 > /a.txt && false\n")
+    node.c2s(f"-f local-base-stack/compose.yaml convert --registry-mirror {node.registry} -o localbase-out",
+             timeout=300, check=True)
+    proc = node.run(f"cd / && {build_sh}", timeout=900)
+    assert proc.returncode == 1
+    assert "[localbase] image localbase-b: not built: it starts from image localbase-a, which failed" in proc.stderr
+    assert "run.sh: building image localbase-a failed; last lines of " in proc.stderr, proc.stderr
+    assert node.run(files, check=True).stdout.split() == ["a2", "b"]  # the last good SIFs are kept
