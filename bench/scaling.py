@@ -21,6 +21,7 @@ For N = 1, 2, 4, 8, 16, 32 (--quick: 1, 8, 32), it prints, timed on the node:
 Also a no-op `run.sh build` (every SIF up to date), whole-process.
 """
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -91,11 +92,13 @@ def cpu_seconds(pid: int) -> float:
 
 def floor_link(node: Node) -> float:
     """One bare instance start and its first successful probe, polled back to back (the runner's
-    env file and SIF of service s1)."""
+    env file and SIF of service s1, probed on its planned address)."""
+    plan = json.loads((node.home / OUT / "plan.json").read_text())
+    port = next(s for s in plan["services"] if s["name"] == "s1")["ports"][0]
     script = (f"cd ~/{OUT} && sif=$(ls sif/*.sif | head -n 1) && s=$(date +%s%N) && "
               "apptainer instance start --cleanenv --no-eval --env-file env/s1.env \"$sif\" c2s-scaling-floor "
               ">/dev/null 2>&1 && "
-              f"until apptainer exec instance://c2s-scaling-floor curl -fso /dev/null http://127.0.0.1:{BASE_PORT + 1}/; "
+              f"until apptainer exec instance://c2s-scaling-floor curl -fso /dev/null http://{port['address']}:{port['host']}/; "
               "do :; done; e=$(date +%s%N); apptainer instance stop -t 0 c2s-scaling-floor >/dev/null 2>&1; "
               "while pgrep -u hpc -f 'c2s-bench-serve[r]' >/dev/null; do sleep 0.05; done; "
               "echo $(( (e - s) / 1000000 ))")
