@@ -586,26 +586,25 @@ record_health() {
 }
 
 # The recorded result, in HEALTH_NOW, while it is this instance's and fresh (as Compose reports
-# the last probe's result); its age in HEALTH_AGE.
-HEALTH_AGE=""
+# the last probe's result).
 recorded_health() {
     local t pid result age
     HEALTH_NOW=""
     { read -r t pid result _ || true; } 2>/dev/null <"$RUNDIR/$S_NAME.health"
     [ -n "$result" ] && [ "$pid" = "$IPID" ] || return 1
     printf -v age '%(%s)T' -1
-    HEALTH_AGE=$((age - t))
+    age=$((age - t))
     # fresh: younger than the probe interval and the supervisor's cycle (its next probe is due),
     # and never less than 5 s (a probe `ps` has just run must still count when the clock ticks
     # between probing and reading)
-    ((HEALTH_AGE >= 0 && HEALTH_AGE < (${S_HEALTH_INTERVAL%.*} > 3 ? ${S_HEALTH_INTERVAL%.*} + 2 : 5))) || return 1
+    ((age >= 0 && age < (${S_HEALTH_INTERVAL%.*} > 3 ? ${S_HEALTH_INTERVAL%.*} + 2 : 5))) || return 1
     HEALTH_NOW=$result
 }
 
 # The supervisor's probe of this running service, on Compose's schedule: one every interval
-# after the last (the first: the one `up` waited for). A success makes it healthy; `retries` consecutive failures make
-# it unhealthy, and until then it keeps its last state. In the background; PROBING holds the
-# pid of a probe in flight, so that a slow one is never doubled.
+# after the last (the first: the one `up` waited for). A success makes it healthy; `retries`
+# consecutive failures make it unhealthy, and until then it keeps its last state. In the
+# background; PROBING holds the pid of a probe in flight, so that a slow one is never doubled.
 declare -A PROBING=()
 probe_when_due() {
     local t="" pid="" result="" failures="" now
