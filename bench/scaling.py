@@ -12,15 +12,18 @@ Stacks of N small HTTP services, each a stand-in server (Python's http.server, s
 For N = 1, 2, 4, 8, 16, 32 (--quick: 1, 8, 32), it prints, timed on the node:
   up      `run.sh up -d` until every service is healthy; lower bound = levels x (one bare instance
           start + its first successful probe, measured here);
-  ps      `run.sh ps`: the first call after the health records went stale (every probe runs), and
-          the median of two more (warm: the last probe results are younger than the interval);
-  down    `run.sh down`;
+  ps      `run.sh ps` 9 s after `up` (the supervisor probes each healthcheck on its interval, so
+          `ps` reports its results and runs no probe); warm: the median of two more; stale: with
+          the health records deleted, so that `ps` runs every probe itself;
+  down    `run.sh down`, until every process of the stack has ended;
   rss     extra resident memory per service with the stack up (all of the user's processes, less
           the count before `up`), and the part that is not the server process itself;
-  sup     CPU of the background supervisor (itself and the children it reaped) over 9 s.
+  sup     CPU of the background supervisor (itself and the children it reaped: its healthcheck
+          probes among them) over 9 s.
 Also a no-op `run.sh build` (every SIF up to date), whole-process.
 """
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -91,11 +94,13 @@ def cpu_seconds(pid: int) -> float:
 
 def floor_link(node: Node) -> float:
     """One bare instance start and its first successful probe, polled back to back (the runner's
-    env file and SIF of service s1)."""
+    env file and SIF of service s1, probed on its planned address)."""
+    plan = json.loads((node.home / OUT / "plan.json").read_text())
+    port = next(s for s in plan["services"] if s["name"] == "s1")["ports"][0]
     script = (f"cd ~/{OUT} && sif=$(ls sif/*.sif | head -n 1) && s=$(date +%s%N) && "
               "apptainer instance start --cleanenv --no-eval --env-file env/s1.env \"$sif\" c2s-scaling-floor "
               ">/dev/null 2>&1 && "
-              f"until apptainer exec instance://c2s-scaling-floor curl -fso /dev/null http://127.0.0.1:{BASE_PORT + 1}/; "
+              f"until apptainer exec instance://c2s-scaling-floor curl -fso /dev/null http://{port['address']}:{port['host']}/; "
               "do :; done; e=$(date +%s%N); apptainer instance stop -t 0 c2s-scaling-floor >/dev/null 2>&1; "
               "while pgrep -u hpc -f 'c2s-bench-serve[r]' >/dev/null; do sleep 0.05; done; "
               "echo $(( (e - s) / 1000000 ))")
@@ -120,10 +125,12 @@ def measure(node: Node, shape: str, n: int, floor: float):
     sup = (cpu_seconds(supervisor) - start_cpu) / (time.monotonic() - start)
     ps = timed(node, f"{OUT}/run.sh ps")
     ps_warm = statistics.median(timed(node, f"{OUT}/run.sh ps") for _ in range(2))
+    node.run(f"cd ~ && rm -f {OUT}/state/run/*.health")
+    ps_stale = timed(node, f"{OUT}/run.sh ps")
     down = timed(node, f"{OUT}/run.sh down")
     left = processes(node.uid)  # nothing of the user's should be left: the stack was all it ran
     levels = n if shape == "chain" else 1
-    return {"up": up, "bound": levels * floor, "ps": ps, "ps_warm": ps_warm, "down": down, "rss": total / n / 1024,
+    return {"up": up, "bound": levels * floor, "ps": ps, "ps_warm": ps_warm, "ps_stale": ps_stale, "down": down, "rss": total / n / 1024,
             "overhead": (total - servers) / n / 1024, "sup": sup, "left": len(left)}
 
 
@@ -144,14 +151,14 @@ def main():
             build = statistics.median(timed(node, f"{OUT}/run.sh build") for _ in range(3))
             print(f"floor: one bare instance start + first successful probe = {floor:.2f} s; "
                   f"no-op build {build:.2f} s")
-            print(f"{'shape':6} {'N':>3} {'up s':>7} {'bound':>6} {'ps s':>6} {'warm':>6} {'down s':>7} "
+            print(f"{'shape':6} {'N':>3} {'up s':>7} {'bound':>6} {'ps s':>6} {'warm':>6} {'stale':>6} {'down s':>7} "
                   f"{'MiB/svc':>8} {'ovh/svc':>8} {'sup core':>8}")
             ups = {}
             for shape in args.shapes.split(","):
                 for n in sizes:
                     r = measure(node, shape, n, floor)
                     ups[shape, n] = r["up"]
-                    print(f"{shape:6} {n:>3} {r['up']:>7.2f} {r['bound']:>6.2f} {r['ps']:>6.2f} {r['ps_warm']:>6.2f} "
+                    print(f"{shape:6} {n:>3} {r['up']:>7.2f} {r['bound']:>6.2f} {r['ps']:>6.2f} {r['ps_warm']:>6.2f} {r['ps_stale']:>6.2f} "
                           f"{r['down']:>7.2f} "
                           f"{r['rss']:>8.1f} {r['overhead']:>8.1f} {r['sup']:>8.3f}"
                           + (f"  LEFT BEHIND: {r['left']} processes" if r["left"] else ""), flush=True)

@@ -90,12 +90,13 @@ check_sealed() {
     return 0
 }
 
-# A JSON string of $1 (control characters other than \n \t \r become `?`).
+# A JSON string of $1 (control characters other than \n \t \r become `?`), in JSON_STR.
+JSON_STR=""
 json_str() {
     local s=$1
     s=${s//\\/\\\\} s=${s//\"/\\\"} s=${s//$'\n'/\\n} s=${s//$'\t'/\\t} s=${s//$'\r'/\\r}
     s=${s//[$'\001'-$'\037'$'\177']/?}
-    printf '"%s"' "$s"
+    JSON_STR="\"$s\""
 }
 
 abs() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$HERE/$1" ;; esac; }
@@ -132,6 +133,21 @@ list_instances() {
     done < <({ "$RT" instance list --json 2>/dev/null | tr -d ' \t\n'; echo; } | sed 's/},{/}\n{/g' |
         sed -n 's/.*"instance":"\([^"]*\)","pid":\([0-9]*\).*/\1 \2/p')
     INSTANCES_LISTED=1
+    list_children
+}
+
+# The first child of every listed instance's init (its start script), for child_of: one grep of
+# every thread's list of children, not a read of each (an init has several threads).
+list_children() {
+    local files=() pid path kids
+    declare -A seen=()
+    for pid in "${INSTANCE_PIDS[@]}"; do files+=(/proc/"$pid"/task/*/children); done
+    [ ${#files[@]} -gt 0 ] || return 0
+    while IFS=: read -r path kids; do
+        pid=${path#/proc/} kids=${kids# }
+        pid=${pid%%/*}
+        [ -n "$kids" ] && [ -z "${seen[$pid]:-}" ] && seen[$pid]=1 CHILD_OF[$pid]=${kids%% *}
+    done < <(grep -H . "${files[@]}" 2>/dev/null)
 }
 
 # The pid of this service's instance, in IPID: from the last listing when there is one, else
@@ -540,13 +556,65 @@ wait_dependencies() {
     done
 }
 
+# Where the user owns the instance's namespaces (an unprivileged runtime: every namespace of an
+# instance is the user's own), a probe enters them with nsenter, as `exec instance://` does, with
+# the service's environment (its start script's) and working directory (the container's sh
+# changes to it: nsenter would look for it on the host): about 10 ms of CPU against 50-300 ms
+# for a runtime start, which is what lets the supervisor probe every service on its interval.
+# Elsewhere (a setuid runtime, a probe with an env file of its own, no nsenter), or when nsenter
+# cannot enter or run it (no sh for a working directory), the runtime runs the probe.
+# ENTERED=1 when this ran the probe.
+NSENTER="" TIMEOUT="" ENTERED=0 EXPORTED=()
+probe_tools() {
+    local starter v
+    [ -z "$NSENTER" ] || return 0
+    NSENTER=none
+    starter="$(dirname "$(readlink -f "$(command -v "$RT")")")/../libexec/$RT/bin/starter-suid"
+    if [ ! -u "$starter" ] && v=$(command -v nsenter) && TIMEOUT=$(command -v timeout); then NSENTER=$v; fi
+    mapfile -t EXPORTED < <(compgen -e)  # what a probe's environment drops
+}
+
+probe_entering() {
+    local name v
+    ENTERED=0
+    probe_tools
+    [ "$NSENTER" != none ] && [ ! -f "${S_ENV%.env}.health$ENV_SUFFIX" ] || return 0
+    child_of "$IPID" && [ ! /proc/"$CHILD"/ns/user -ef /proc/$$/ns/user ] || return 0
+    local ns=() flag
+    for v in user:-U mnt:-m pid:-p ipc:-i uts:-u cgroup:-C; do
+        name=${v%:*} flag=${v#*:}
+        [ -e "/proc/$CHILD/ns/$name" ] && [ ! "/proc/$CHILD/ns/$name" -ef "/proc/$$/ns/$name" ] && ns+=("$flag")
+    done
+    (
+        unset "${EXPORTED[@]}" 2>/dev/null
+        while IFS= read -r -d '' v; do export "${v?}" 2>/dev/null; done <"/proc/$CHILD/environ"
+        exec "$TIMEOUT" -k 2 "$S_HEALTH_TIMEOUT" "$NSENTER" -t "$CHILD" "${ns[@]}" --preserve-credentials -- "$@"
+    ) >/dev/null 2>"$RUNDIR/$S_NAME.probe.err"
+    v=$?
+    ENTERED=1
+    if [ "$v" != 0 ]; then
+        { IFS= read -r name || true; } 2>/dev/null <"$RUNDIR/$S_NAME.probe.err"
+        case "$name" in nsenter:*) ENTERED=0 ;; esac  # it could not enter: the runtime probes
+    fi
+    return "$v"
+}
+
 health_once() {
-    local cmd=()
+    local cmd=() rc
     case "${S_HEALTH[0]:-NONE}" in
         CMD) cmd=("${S_HEALTH[@]:1}") ;;
         CMD-SHELL) cmd=(/bin/sh -c "${S_HEALTH[1]}") ;;
         *) return 0 ;;
     esac
+    if [ -n "$S_WORKDIR" ] && [ "${S_HEALTH[0]}" = CMD-SHELL ]; then
+        probe_entering /bin/sh -c 'cd "$1" 2>/dev/null; eval "$2"' sh "$S_WORKDIR" "${S_HEALTH[1]}"
+    elif [ -n "$S_WORKDIR" ]; then
+        probe_entering /bin/sh -c 'cd "$1" 2>/dev/null; shift; exec "$@"' sh "$S_WORKDIR" "${cmd[@]}"
+    else
+        probe_entering "${cmd[@]}"
+    fi
+    rc=$?
+    [ "$ENTERED" = 1 ] && return "$rc"
     local flags=(--cleanenv "${EVAL_FLAGS[@]}" --env-file "$(env_file)")
     # a password taken off the probe's command line is in its own env file (render.health_secret)
     [ -f "${S_ENV%.env}.health$ENV_SUFFIX" ] && flags=(--cleanenv "${EVAL_FLAGS[@]}" --env-file "${S_ENV%.env}.health$ENV_SUFFIX")
@@ -554,26 +622,57 @@ health_once() {
     timeout -k 2 "$S_HEALTH_TIMEOUT" "$RT" exec "${flags[@]}" "instance://$S_INSTANCE" "${cmd[@]}" >/dev/null 2>&1
 }
 
-# The last probe's result, for `ps`: "TIME INSTANCE-PID healthy|unhealthy".
+# The last probe's result, for `ps`: "TIME INSTANCE-PID healthy|unhealthy|starting FAILURES"
+# (FAILURES: consecutive failed probes).
 record_health() {
     local t
     printf -v t '%(%s)T' -1
-    printf '%s %s %s\n' "$t" "$IPID" "$1" >"$RUNDIR/$S_NAME.health" 2>/dev/null || true
+    printf '%s %s %s %s\n' "$t" "$IPID" "$1" "${2:-0}" >"$RUNDIR/$S_NAME.health" 2>/dev/null || true
 }
 
-# The recorded result, in HEALTH_NOW, while it is younger than the probe interval and is this
-# instance's (as Compose reports the last probe's result).
+# The recorded result, in HEALTH_NOW, while it is this instance's and fresh (as Compose reports
+# the last probe's result).
 recorded_health() {
     local t pid result age
     HEALTH_NOW=""
-    { read -r t pid result || true; } 2>/dev/null <"$RUNDIR/$S_NAME.health"
+    { read -r t pid result _ || true; } 2>/dev/null <"$RUNDIR/$S_NAME.health"
     [ -n "$result" ] && [ "$pid" = "$IPID" ] || return 1
     printf -v age '%(%s)T' -1
     age=$((age - t))
-    # fresh: younger than the probe interval, and never less than 5 s (a probe `ps` has just run
-    # must still count when the clock ticks between probing and reading)
-    ((age >= 0 && age < (${S_HEALTH_INTERVAL%.*} > 5 ? ${S_HEALTH_INTERVAL%.*} : 5))) || return 1
+    # fresh: younger than the probe interval and the supervisor's cycle (its next probe is due),
+    # and never less than 5 s (a probe `ps` has just run must still count when the clock ticks
+    # between probing and reading)
+    ((age >= 0 && age < (${S_HEALTH_INTERVAL%.*} > 3 ? ${S_HEALTH_INTERVAL%.*} + 2 : 5))) || return 1
     HEALTH_NOW=$result
+}
+
+# The supervisor's probe of this running service, on Compose's schedule: one every interval
+# after the last (the first: the one `up` waited for). A success makes it healthy; `retries`
+# consecutive failures make it unhealthy, and until then it keeps its last state. In the
+# background; PROBING holds the pid of a probe in flight, so that a slow one is never doubled.
+declare -A PROBING=()
+probe_when_due() {
+    local t="" pid="" result="" failures="" now
+    [ ${#S_HEALTH[@]} -gt 0 ] || return 0
+    probe_tools  # once, here rather than in each probe's process
+    [ -n "${PROBING[$S_NAME]:-}" ] && kill -0 "${PROBING[$S_NAME]}" 2>/dev/null && return 0
+    { read -r t pid result failures || true; } 2>/dev/null <"$RUNDIR/$S_NAME.health"
+    printf -v now '%(%s)T' -1
+    if [ "$pid" != "$IPID" ]; then  # no probe of this instance yet
+        result=starting failures=0
+    elif ((now - t < ${S_HEALTH_INTERVAL%.*})); then
+        return 0
+    fi
+    {
+        if health_once; then
+            record_health healthy 0
+        else
+            failures=$((${failures:-0} + 1))
+            ((failures >= S_HEALTH_RETRIES)) && result=unhealthy
+            record_health "$result" "$failures"
+        fi
+    } &
+    PROBING[$S_NAME]=$!
 }
 
 # Compose's healthcheck schedule: during start_period, probes every start_interval and failures do
@@ -884,18 +983,20 @@ print_entry_points() {
     done
 }
 
+# A supervisor keeps restart policies, and probes healthchecks on their schedule (see probe_when_due).
 needs_supervisor() {
     local name
     while read -r name; do
         load_service "$name"
-        [ "$S_RESTART" != no ] && [ "$S_ONESHOT" = 0 ] && return 0
+        [ "$S_ONESHOT" = 0 ] && { [ "$S_RESTART" != no ] || [ ${#S_HEALTH[@]} -gt 0 ]; } && return 0
     done <"$RUNDIR/supervised"
     return 1
 }
 
 # Restart policies: always / unless-stopped restart an ended service; on-failure[:N] restarts it
-# when it exited with a non-zero code, at most N times. A cycle costs no fork while every
-# instance lives: the runtime is asked again only when one has gone.
+# when it exited with a non-zero code, at most N times. Running services are probed when their
+# healthcheck is due. A cycle costs no fork while every instance lives and no probe is due: the
+# runtime is asked again only when one has gone.
 supervise() {
     declare -A attempts=()
     local name rc max pid relist
@@ -917,7 +1018,7 @@ supervise() {
             load_service "$name"
             [ "$S_ONESHOT" = 1 ] && continue
             [ -f "$RUNDIR/$name.stopped" ] && continue
-            service_running && continue
+            service_running && { probe_when_due; continue; }
             rc=$(exit_code)
             case "$S_RESTART" in
                 always | unless-stopped) ;;
@@ -934,7 +1035,7 @@ supervise() {
             S_DEPENDS=()
             start_service "$name" || note "$name: restart failed: $(get_status "$name")"
         done <"$RUNDIR/supervised"
-        nap 3
+        nap 1
     done
 }
 
@@ -952,14 +1053,44 @@ cmd_supervise() {
     supervise
 }
 
-# This service's instance (pid IPID) goes, with whatever still runs in it: the runtime signals
-# its init and, with -t 0, returns at once (else it waits its full timeout whenever the stopped
-# starter lingers as a zombie). The starter's pid, in STARTER, is for wait_ended.
-STARTER=""
-remove_instance() {
+# This service's instance (pid IPID) goes, with whatever still runs in it. `instance stop -t 0`
+# would SIGKILL the instance's init and leave its starter (the init's parent) to stop the image's
+# FUSE drivers and exit: a runtime start and a cleanup that cost 10-20 ms of CPU per instance.
+# Here kill_instance SIGKILLs the init, and end_starters then SIGKILLs the starters and their
+# FUSE drivers (their other children, read for all of them at once): the kernel tears down the
+# mounts with the last process of their mount namespaces, and the runtime deletes the records
+# of instances whose starter is gone at its next listing. The init is signalled only when its
+# parent is this instance's starter (else the runtime stops it). ENDING collects every process
+# that is ending, for wait_ended; STARTER is this instance's starter.
+STARTER="" ENDING=() KILLED=()
+kill_instance() {
+    local argv0=""
     STARTER=""
-    parent_of "$IPID" && STARTER=$PARENT
+    parent_of "$IPID" && { read -r -d '' argv0 || true; } 2>/dev/null <"/proc/$PARENT/cmdline"
+    case "$argv0" in
+        *" instance: "*"[$S_INSTANCE]")
+            STARTER=$PARENT
+            kill -KILL "$IPID" 2>/dev/null && { KILLED+=("$STARTER"); return 0; }
+            ENDING+=("$STARTER")  # (a setuid runtime's starter: it ends when the runtime stops it)
+            ;;
+    esac
     "$RT" instance stop -t 0 "$S_INSTANCE" >/dev/null 2>&1 || true
+}
+
+end_starters() {
+    local s files=() kids=()
+    [ ${#KILLED[@]} -gt 0 ] || return 0
+    for s in "${KILLED[@]}"; do files+=(/proc/"$s"/task/*/children); done
+    read -r -a kids < <(cat "${files[@]}" 2>/dev/null; echo)
+    kill -KILL "${KILLED[@]}" "${kids[@]}" 2>/dev/null
+    ENDING+=("${KILLED[@]}" "${kids[@]}")
+    KILLED=()
+}
+
+remove_instance() {
+    ENDING=()
+    kill_instance
+    end_starters
 }
 
 # Wait until the given processes have ended (gone, or zombies), up to 10 s.
@@ -1070,7 +1201,7 @@ clean_stale() {
 # up to each one's stop_grace_period for them to end, then their instances go and the next level
 # starts while the runtime tears those down. Everything has ended when `down` returns.
 cmd_down() {
-    local volumes=0 level i t name alive outlived scripts=() graces=() names=() starters=() stoppers=() pid
+    local volumes=0 level i t name alive outlived scripts=() graces=() names=() starters=() statuses=()
     [ "${1:-}" = -v ] || [ "${1:-}" = --volumes ] && volumes=1
     detect_runtime
     mkdir -p "$RUNDIR"
@@ -1083,10 +1214,10 @@ cmd_down() {
             [ "${LEVELS[i]}" = "$level" ] || continue
             name=${SERVICES[i]}
             load_service "$name"
-            touch "$RUNDIR/$name.stopped"
+            : >"$RUNDIR/$name.stopped"
             instance_pid
             if [ -z "$IPID" ]; then
-                rm -f "$(status_file "$name")"
+                statuses+=("$RUNDIR/$name.status")
                 continue
             fi
             note "$name: stopping $S_INSTANCE"
@@ -1104,47 +1235,86 @@ cmd_down() {
             nap 0.05
         done
         for i in "${!scripts[@]}"; do kill -0 "${scripts[i]}" 2>/dev/null && outlived=1; done
-        for name in "${names[@]}"; do  # the runtime's stops in parallel (see remove_instance)
+        ENDING=()
+        for name in "${names[@]}"; do  # the instances of the level at once (see kill_instance)
             load_service "$name"
             instance_pid
-            parent_of "$IPID" && starters+=("$PARENT")
-            "$RT" instance stop -t 0 "$S_INSTANCE" >/dev/null 2>&1 &
-            stoppers+=($!)
-            rm -f "$(status_file "$name")"
+            kill_instance
+            statuses+=("$RUNDIR/$name.status")
         done
+        end_starters
+        starters+=("${ENDING[@]}")
         # a service that outlived its grace period is gone before the next level gets its signal
         if [ "$outlived" = 1 ]; then
-            for pid in "${stoppers[@]}"; do wait "$pid"; done
             wait_ended "${starters[@]}"
-            stoppers=() starters=()
+            starters=()
         fi
     done
-    for pid in "${stoppers[@]}"; do wait "$pid"; done
     wait_ended "${starters[@]}"
-    for name in "${SERVICES[@]}"; do remove_overlay "$name"; done  # what they wrote into their images
+    [ ${#starters[@]} -gt 0 ] && "$RT" instance list >/dev/null 2>&1  # it deletes the records of the instances killed
+    rm -f "${statuses[@]}"
+    # what the services wrote into their images (every overlay is one of this project's services)
+    if [ -e "$STATE/overlay" ]; then
+        chmod -R u+rwx "$STATE/overlay" 2>/dev/null
+        rm_inside "$STATE/overlay"
+    fi
     if [ "$volumes" = 1 ]; then
         note "removing volumes in $STATE/volumes"
         rm_inside "$STATE/volumes"
     fi
 }
 
+# How long ago process $1 started, in seconds, in UPTIME_S ("" when it is gone): its start time
+# in /proc/PID/stat (clock ticks after boot) against /proc/uptime.
+UPTIME_S="" CLK_TCK=""
+process_age() {
+    local line="" rest=() now=""
+    UPTIME_S=""
+    { read -r line || true; } 2>/dev/null <"/proc/$1/stat"
+    { read -r now _ || true; } 2>/dev/null </proc/uptime
+    [ -n "$line" ] && [ -n "$now" ] || return 1
+    [ -n "$CLK_TCK" ] || CLK_TCK=$(getconf CLK_TCK 2>/dev/null) || CLK_TCK=100
+    read -r -a rest <<<"${line##*) }"  # after "(comm) ": the 22nd field is the 20th here
+    UPTIME_S=$((${now%.*} - rest[19] / CLK_TCK))
+    ((UPTIME_S >= 0)) || UPTIME_S=0
+}
+
+# Docker's words for a duration of $1 seconds ("3 minutes", "About an hour"), in DURATION.
+DURATION=""
+human_duration() {
+    local s=$1 h=$((($1 + 1800) / 3600))
+    if ((s < 1)); then DURATION="Less than a second"
+    elif ((s == 1)); then DURATION="1 second"
+    elif ((s < 60)); then DURATION="$s seconds"
+    elif ((s < 120)); then DURATION="About a minute"
+    elif ((s < 3600)); then DURATION="$((s / 60)) minutes"
+    elif ((h == 1)); then DURATION="About an hour"
+    elif ((h < 48)); then DURATION="$h hours"
+    elif ((h < 24 * 7 * 2)); then DURATION="$((h / 24)) days"
+    elif ((h < 24 * 30 * 2)); then DURATION="$((h / 24 / 7)) weeks"
+    elif ((h < 24 * 365 * 2)); then DURATION="$((h / 24 / 30)) months"
+    else DURATION="$((s / 3600 / 24 / 365)) years"
+    fi
+}
+
+# Compose's ps: health as the last probe left it (the supervisor probes on each healthcheck's
+# schedule, so that `ps` runs none); only a service with no fresh result (no supervisor runs,
+# or its probe is late) is probed here, all of those at once. UPTIME: since its instance started.
 cmd_ps() {
-    local json=0 name st health rc first=1 ports endpoints quoted e pid probes=()
+    local json=0 name st health rc ports endpoints quoted e pid probes=() rows=() row w=() i cells
     [ "${1:-}" = --format ] && [ "${2:-}" = json ] && json=1
     detect_runtime
     mkdir -p "$RUNDIR"
     list_instances
     clean_stale ps
-    # health: the last recorded result while it is fresh, else a probe; the probes in parallel
+    probe_tools
     for name in "${SERVICES[@]}"; do
         load_service "$name"
         { [ ${#S_HEALTH[@]} -gt 0 ] && service_running && ! recorded_health; } || continue
-        { if health_once; then record_health healthy; else record_health unhealthy; fi; } &
+        { if health_once; then record_health healthy; else record_health unhealthy 1; fi; } &
         probes+=($!)
     done
     for pid in "${probes[@]}"; do wait "$pid"; done
-    [ "$json" = 1 ] && printf '['
-    [ "$json" = 0 ] && printf '%-20s %-28s %-10s %-10s %s\n' SERVICE INSTANCE STATE HEALTH PORTS
     for name in "${SERVICES[@]}"; do
         load_service "$name"
         service_state
@@ -1167,26 +1337,43 @@ cmd_ps() {
                 *) st=stopped ;;
             esac
         fi
+        UPTIME_S="" DURATION=""
+        if [ "$st" = running ] && process_age "$IPID"; then
+            human_duration "$UPTIME_S"
+            DURATION="Up $DURATION"
+        fi
         ports="" endpoints="" quoted=""
         for e in "${S_ENDPOINTS[@]}"; do
             e=${e%\?}
             ports+=${ports:+,}${e##*:}
             endpoints+=${endpoints:+,}$e
-            quoted+=${quoted:+,}$(json_str "$e")
+            json_str "$e"
+            quoted+=${quoted:+,}$JSON_STR
         done
         if [ "$json" = 1 ]; then
-            [ "$first" = 1 ] || printf ','
-            first=0
             case "$rc" in '' | *[!0-9-]*) rc=null ;; esac
-            printf '{"service":%s,"instance":%s,"state":%s,"exit_code":%s,"health":%s,"ports":[%s],"endpoints":[%s]}' \
-                "$(json_str "$name")" "$(json_str "$S_INSTANCE")" "$(json_str "$st")" "$rc" "$(json_str "$health")" \
-                "$ports" "$quoted"
+            cells=()
+            for e in "$name" "$S_INSTANCE" "$st" "$health" "$DURATION"; do json_str "$e"; cells+=("$JSON_STR"); done
+            printf -v row '{"service":%s,"instance":%s,"state":%s,"exit_code":%s,"health":%s,"ports":[%s],"endpoints":[%s],"uptime":%s,"uptime_seconds":%s}' \
+                "${cells[0]}" "${cells[1]}" "${cells[2]}" "$rc" "${cells[3]}" "$ports" "$quoted" "${cells[4]}" "${UPTIME_S:-null}"
+            rows+=("$row")
         else
-            [ "$st" = exited ] && st="exited($rc)"
-            printf '%-20s %-28s %-10s %-10s %s\n' "$name" "$S_INSTANCE" "$st" "$health" "$endpoints"
+            [ "$st" = exited ] && [ -n "$rc" ] && st="exited($rc)"  # killed: no code was written
+            rows+=("$name" "$S_INSTANCE" "$st" "$health" "${endpoints:--}" "${DURATION:--}")
         fi
     done
-    [ "$json" = 1 ] && printf ']\n'
+    if [ "$json" = 1 ]; then
+        (IFS=,; printf '[%s]\n' "${rows[*]}")
+        return 0
+    fi
+    # the table: each column as wide as its widest cell
+    rows=(SERVICE INSTANCE STATE HEALTH ADDRESS:PORT UPTIME "${rows[@]}")
+    w=(0 0 0 0 0 0)
+    for i in "${!rows[@]}"; do ((${#rows[i]} > w[i % 6])) && w[i % 6]=${#rows[i]}; done
+    for ((i = 0; i < ${#rows[@]}; i += 6)); do
+        printf '%-*s  %-*s  %-*s  %-*s  %-*s  %s\n' "${w[0]}" "${rows[i]}" "${w[1]}" "${rows[i + 1]}" \
+            "${w[2]}" "${rows[i + 2]}" "${w[3]}" "${rows[i + 3]}" "${w[4]}" "${rows[i + 4]}" "${rows[i + 5]}"
+    done
     return 0
 }
 

@@ -10,7 +10,7 @@
 #                                  without -d, stay in the foreground, keep restart policies, and
 #                                  stop everything on SIGTERM/SIGINT (the end of a batch job)
 #   ./run.sh down [-v]             stop every instance; -v also deletes the named volumes
-#   ./run.sh ps [--format json]    state and health of each service
+#   ./run.sh ps [--format json]    state, health, address:port and uptime of each service
 #   ./run.sh logs [-f] SERVICE     the service's output
 #   ./run.sh exec SERVICE CMD...   run a command inside the service's instance
 #   ./run.sh restart SERVICE       stop and start one service
