@@ -18,8 +18,9 @@ For N = 1, 2, 4, 8, 16, 32 (--quick: 1, 8, 32), it prints, timed on the node:
   down    `run.sh down`, until every process of the stack has ended;
   rss     extra resident memory per service with the stack up (all of the user's processes, less
           the count before `up`), and the part that is not the server process itself;
-  sup     CPU of the background supervisor (itself and the children it reaped: its healthcheck
-          probes among them) over 9 s.
+  sup     CPU of the background supervisor over 9 s: its own loop ("sup core"), and the children
+          it reaped ("probes"): the healthcheck probes it runs on each one's interval, as Docker's
+          daemon does (their cost is mostly the probe command's, here curl), and any restart.
 Also a no-op `run.sh build` (every SIF up to date), whole-process.
 """
 import argparse
@@ -87,9 +88,10 @@ def processes(uid: str):
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(f) for f in fields[11:15]) / CLK_TCK  # utime stime cutime cstime
+def cpu_seconds(pid: int):
+    """(its own CPU seconds, those of the children it reaped): utime+stime, cutime+cstime."""
+    fields = [int(f) for f in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:15]]
+    return (fields[0] + fields[1]) / CLK_TCK, (fields[2] + fields[3]) / CLK_TCK
 
 
 def floor_link(node: Node) -> float:
@@ -119,10 +121,11 @@ def measure(node: Node, shape: str, n: int, floor: float):
     procs = processes(node.uid)
     total = sum(rss for _, rss, _ in procs) - before
     servers = sum(rss for _, rss, argv in procs if b"c2s-bench-server" in argv)
-    supervisor = int((node.home / OUT / "state" / "run" / "supervisor.pid").read_text())
+    supervisor = int((node.home / OUT / "state" / "run" / "supervisor.pid").read_text().split()[0])  # "PID START"
     start_cpu, start = cpu_seconds(supervisor), time.monotonic()
     time.sleep(9)
-    sup = (cpu_seconds(supervisor) - start_cpu) / (time.monotonic() - start)
+    end_cpu, elapsed = cpu_seconds(supervisor), time.monotonic() - start
+    sup, probes = ((end_cpu[i] - start_cpu[i]) / elapsed for i in (0, 1))
     ps = timed(node, f"{OUT}/run.sh ps")
     ps_warm = statistics.median(timed(node, f"{OUT}/run.sh ps") for _ in range(2))
     node.run(f"cd ~ && rm -f {OUT}/state/run/*.health")
@@ -131,7 +134,7 @@ def measure(node: Node, shape: str, n: int, floor: float):
     left = processes(node.uid)  # nothing of the user's should be left: the stack was all it ran
     levels = n if shape == "chain" else 1
     return {"up": up, "bound": levels * floor, "ps": ps, "ps_warm": ps_warm, "ps_stale": ps_stale, "down": down, "rss": total / n / 1024,
-            "overhead": (total - servers) / n / 1024, "sup": sup, "left": len(left)}
+            "overhead": (total - servers) / n / 1024, "sup": sup, "probes": probes, "left": len(left)}
 
 
 def main():
@@ -152,7 +155,7 @@ def main():
             print(f"floor: one bare instance start + first successful probe = {floor:.2f} s; "
                   f"no-op build {build:.2f} s")
             print(f"{'shape':6} {'N':>3} {'up s':>7} {'bound':>6} {'ps s':>6} {'warm':>6} {'stale':>6} {'down s':>7} "
-                  f"{'MiB/svc':>8} {'ovh/svc':>8} {'sup core':>8}")
+                  f"{'MiB/svc':>8} {'ovh/svc':>8} {'sup core':>8} {'probes':>7}")
             ups = {}
             for shape in args.shapes.split(","):
                 for n in sizes:
@@ -160,7 +163,7 @@ def main():
                     ups[shape, n] = r["up"]
                     print(f"{shape:6} {n:>3} {r['up']:>7.2f} {r['bound']:>6.2f} {r['ps']:>6.2f} {r['ps_warm']:>6.2f} {r['ps_stale']:>6.2f} "
                           f"{r['down']:>7.2f} "
-                          f"{r['rss']:>8.1f} {r['overhead']:>8.1f} {r['sup']:>8.3f}"
+                          f"{r['rss']:>8.1f} {r['overhead']:>8.1f} {r['sup']:>8.3f} {r['probes']:>7.3f}"
                           + (f"  LEFT BEHIND: {r['left']} processes" if r["left"] else ""), flush=True)
             if ("chain", sizes[0]) in ups and len(sizes) > 1:
                 link = (ups["chain", sizes[-1]] - ups["chain", sizes[0]]) / (sizes[-1] - sizes[0])
