@@ -38,19 +38,26 @@ def _home_caches(node):
             for p in d.rglob("*")]
 
 
+def _one_image_stack(node, name: str, service: str) -> str:
+    """~/NAME-stack/compose.yaml with the one service given (YAML from its name on), converted
+    afresh to ~/NAME-out; the key of its image."""
+    stack = node.home / f"{name}-stack"
+    stack.mkdir(exist_ok=True)
+    (stack / "compose.yaml").write_text(f"name: {name}\nservices:\n  {service}\n")
+    os.chown(stack, int(node.uid), int(node.uid))
+    node.run(f"cd ~ && rm -rf {name}-out", check=True)
+    node.c2s(f"-f {name}-stack/compose.yaml convert --offline -o {name}-out", check=True, timeout=300)
+    return next(iter(json.loads((node.home / f"{name}-out" / "plan.json").read_text())["images"]))
+
+
 def test_build_progress_storage_off_home_and_pull_of_a_moved_tag(node):
     """`build` prints a plain line per image state when stderr is no terminal; SIFs, the runtime's
     layer cache and the build space go to the scratch directory, nothing to ~/.cache or
     ~/.apptainer/cache; `build --pull` and `pull` build again an image whose tag moved, and only then."""
     tag = "c2s/moving:test"
     _push(node, "redis", tag)
-    stack = node.home / "moving-stack"
-    stack.mkdir(exist_ok=True)
-    (stack / "compose.yaml").write_text(f"name: moving\nservices:\n  kv:\n    image: {node.registry}/{tag}\n")
-    os.chown(stack, int(node.uid), int(node.uid))
-    node.run("cd ~ && rm -rf moving-out .cache .apptainer/cache /scratch/hpc/compose2sif", check=True)
-    node.c2s("-f moving-stack/compose.yaml convert --offline -o moving-out", check=True, timeout=300)
-    key = next(iter(json.loads((node.home / "moving-out" / "plan.json").read_text())["images"]))
+    node.run("cd ~ && rm -rf .cache .apptainer/cache /scratch/hpc/compose2sif", check=True)
+    key = _one_image_stack(node, "moving", f"kv:\n    image: {node.registry}/{tag}")
 
     proc = node.run("cd ~ && moving-out/run.sh build", timeout=900)
     assert proc.returncode == 0, proc.stderr
@@ -87,13 +94,7 @@ def test_build_progress_storage_off_home_and_pull_of_a_moved_tag(node):
 
 
 def test_failed_build_names_its_log(node):
-    stack = node.home / "broken-stack"
-    stack.mkdir(exist_ok=True)
-    (stack / "compose.yaml").write_text(f"name: broken\nservices:\n  gone:\n    image: {node.registry}/c2s/absent:test\n")
-    os.chown(stack, int(node.uid), int(node.uid))
-    node.run("cd ~ && rm -rf broken-out", check=True)
-    node.c2s("-f broken-stack/compose.yaml convert --offline -o broken-out", check=True, timeout=300)
-    key = next(iter(json.loads((node.home / "broken-out" / "plan.json").read_text())["images"]))
+    key = _one_image_stack(node, "broken", f"gone:\n    image: {node.registry}/c2s/absent:test")
     proc = node.run("cd ~ && broken-out/run.sh build", timeout=600)
     assert proc.returncode == 1
     log = f"/home/hpc/broken-out/state/logs/build-{key}.log"
