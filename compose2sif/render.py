@@ -20,8 +20,6 @@ import re
 import shlex
 from typing import Dict, List
 
-import jinja2
-
 from compose2sif.errors import ComposeError
 from compose2sif.plan import Plan, PortPlan, ServicePlan
 from compose2sif.plan.images import ImageSource
@@ -41,14 +39,6 @@ _VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ULIMIT_FLAGS = {"core": "c", "data": "d", "fsize": "f", "locks": "x", "memlock": "l", "msgqueue": "q",
                  "nice": "e", "nofile": "n", "nproc": "u", "rss": "m", "rtprio": "r", "sigpending": "i",
                  "stack": "s", "cpu": "t", "as": "v"}
-
-
-def _environment(loader_dir: str) -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(loader_dir), keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-    env.filters["q"] = lambda v: shlex.quote(str(v))
-    env.filters["oneline"] = lambda v: re.sub(r"[\x00-\x1f\x7f]", "?", str(v))  # comments end at a newline
-    return env
 
 
 def launch_line(service: ServicePlan) -> str:
@@ -191,26 +181,108 @@ def _endpoint(port: PortPlan) -> str:
     return f"{port.address}:{port.host}" + ("" if port.required or port.how == "tls" else "?")
 
 
+_HELP = """\
+# Standalone: needs only bash and apptainer (or singularity) on the node. No Python.
+#
+#   ./run.sh build [--pull]        build the SIFs that are missing or whose definition changed;
+#                                  --pull also where the registry tag an image starts from moved
+#   ./run.sh pull [SERVICE...]     fetch again the images run from a registry whose tag moved
+#   ./run.sh up [-d] [SERVICE...]  start services (and what they depend on) in dependency order;
+#                                  without -d, stay in the foreground, keep restart policies, and
+#                                  stop everything on SIGTERM/SIGINT (the end of a batch job)
+#   ./run.sh down [-v]             stop every instance; -v also deletes the named volumes
+#   ./run.sh ps [--format json]    state, health, address:port and uptime of each service
+#   ./run.sh logs [-f] SERVICE     the service's output
+#   ./run.sh exec SERVICE CMD...   run a command inside the service's instance
+#   ./run.sh restart SERVICE       stop and start one service
+# shellcheck disable=SC2016  # single-quoted $VARs in the data below are for the instances' shells
+set -o pipefail  # not -u: bash 4.2 (RHEL7) treats empty arrays as unset
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+"""
+
+
+def _q(value) -> str:
+    return shlex.quote(str(value))
+
+
+def _array(values) -> str:
+    """A bash array of quoted words: every value is data."""
+    return "(" + " ".join(_q(v) for v in values) + ")"
+
+
+def _oneline(text) -> str:
+    return re.sub(r"[\x00-\x1f\x7f]", "?", str(text))  # a comment ends at a newline
+
+
+def _service_function(s: ServicePlan, fn: str) -> List[str]:
+    """svc_FN(): the service's settings as run.sh's engine reads them. Keys, names of files and
+    numbers are ours (plain); every other value goes through _q."""
+    binds = [(f"{b.source}:{b.target}" + (":ro" if b.read_only else ""), b) for b in s.binds]
+    health = s.healthcheck
+    gpus = [f"ids={','.join(map(str, g['device_ids']))}" if g["device_ids"] else f"count={g['count']}" for g in s.gpus]
+    fakeroot = s.fakeroot or {}
+    lines = [
+        f"svc_{fn}() {{",
+        f"    S_NAME={_q(s.name)}",
+        f"    S_INSTANCE={_q(s.instance)}",
+        f'    S_SIF="$HERE/sif/{s.image}.sif"',
+        f'    S_ENV="$HERE/{s.env_file}"',
+        f"    S_WORKDIR={_q(s.workdir or '')}",
+        f"    S_TMP={_q(_tmp_source(s))}",
+        f"    S_ONESHOT={1 if s.oneshot else 0}",
+        f"    S_RESTART={_q(s.restart)}",
+        f"    S_NV={1 if s.nv else 0}",
+        f"    S_GPUS={_array(gpus)}",
+        f"    S_WRITABLE_TMPFS={1 if s.writable_tmpfs else 0}",
+        f"    S_FAKEROOT_IDS={_q(fakeroot.get('ids', ''))} S_FAKEROOT_WITHOUT={_q(fakeroot.get('without', ''))}",
+        f"    S_DEPENDS={_array(d['service'] + ':' + d['condition'] for d in s.depends_on)}",
+        f"    S_BINDS={_array(spec for spec, _ in binds)}",
+        f"    S_MKDIRS={_array(b.source for _, b in binds if b.create or b.kind in ('volume', 'scratch', 'tmpfs'))}",
+        f"    S_EMPTY={_array(b.source for _, b in binds if b.kind in ('tmpfs', 'scratch'))}",
+        f"    S_ENDPOINTS={_array(_endpoint(p) for p in s.ports)}",
+        f"    S_HEALTH={_array(health_secret(s)[0] if health else [])}",
+    ]
+    if health:
+        lines += [f"    S_HEALTH_INTERVAL={health['interval']} S_HEALTH_TIMEOUT={health['timeout']} "
+                  f"S_HEALTH_RETRIES={health['retries']}",
+                  f"    S_HEALTH_START_PERIOD={health['start_period']} S_HEALTH_START_INTERVAL={health['start_interval']}"]
+    else:
+        lines.append("    S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 "
+                     "S_HEALTH_START_INTERVAL=5")
+    lines += [f"    S_STOP_SIGNAL={_q(s.stop_signal)}", f"    S_STOP_GRACE={int(s.stop_grace_period)}", "}"]
+    return lines
+
+
 def render_runner(plan: Plan) -> str:
-    env = _environment(_templates_dir())
-    services = []
-    for s in plan.services:
-        binds = []
-        for b in s.binds:
-            spec = f"{b.source}:{b.target}" + (":ro" if b.read_only else "")
-            binds.append({"spec": spec, "host": b.source, "create": b.create or b.kind in ("volume", "scratch", "tmpfs"),
-                          "kind": b.kind})
-        # a function per service, named by its position: `a-b` and `a_b` must not share one
-        health = {**s.healthcheck, "test": health_secret(s)[0]} if s.healthcheck else None
-        services.append({**s.__dict__, "healthcheck": health,
-                         "fn": f"{len(services)}_{re.sub(r'[^A-Za-z0-9_]', '_', s.name)}", "binds": binds,
-                         "tmp": _tmp_source(s), "endpoints": [_endpoint(p) for p in s.ports]})
-    header = env.get_template("run.sh.j2").render(project=plan.project, compose_files=plan.compose_files,
-                                                  state_dir=plan.state_dir, services=services,
-                                                  images=list(plan.images), entry_points=plan.entry_points,
-                                                  pulled=[k for k, v in plan.images.items() if v.get("kind") == "docker"])
+    """run.sh: the project as bash data (quoted by construction), then run/engine.sh."""
+    # a function per service, named by its position: `a-b` and `a_b` must not share one
+    functions = [f"{i}_{re.sub(r'[^A-Za-z0-9_]', '_', s.name)}" for i, s in enumerate(plan.services)]
+    entry_points = [f"{e['service']} {e['scheme']} {e['address']} {e['port']} {e['path']}" for e in plan.entry_points]
+    out = ["#!/usr/bin/env bash",
+           f"# {_oneline(plan.project)}: compose2sif runner. Generated by `compose2sif convert` from",
+           "#   " + "\n#   ".join(_oneline(f) for f in plan.compose_files),
+           _HELP + f"PROJECT={_q(plan.project)}",
+           f'STATE="$HERE/{plan.state_dir}"',
+           'RUNDIR="$STATE/run"',
+           f"SERVICES={_array(s.name for s in plan.services)}",
+           f"LEVELS=({' '.join(str(s.level) for s in plan.services)})",
+           f"MAX_LEVEL={max((s.level for s in plan.services), default=0)}",
+           f"IMAGES={_array(plan.images)}",
+           f"PULLED={_array(k for k, v in plan.images.items() if v.get('kind') == 'docker')}"
+           "  # images run as they are in a registry",
+           "# web fronts `up` points people at: SERVICE SCHEME ADDRESS PORT PATH",
+           f"ENTRY_POINTS={_array(entry_points)}",
+           "",
+           "# ---- the services (generated) ---------------------------------------------------------------"]
+    for s, fn in zip(plan.services, functions):
+        out += _service_function(s, fn)
+    out += ["", "load_service() {", '    case "$1" in']
+    out += [f"        {_q(s.name)}) svc_{fn} ;;" for s, fn in zip(plan.services, functions)]
+    out += ['        *) die "no such service: $1 (services: ${SERVICES[*]})" ;;', "    esac", "}", "",
+            "# ---- the engine (the same for every project: run/engine.sh) ---------------------------------", ""]
     with open(os.path.join(_templates_dir(), "engine.sh"), encoding="utf-8") as fh:
-        return header + fh.read()
+        return "\n".join(out) + fh.read()
 
 
 def hosts_names(plan: Plan) -> str:
