@@ -374,7 +374,7 @@ def test_rm_inside_refuses_what_resolves_outside(simple, tmp_path):
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from test_names_and_fuzz import hostile_projects  # noqa: E402
+from test_names_and_fuzz import hostile_projects, written_project  # noqa: E402
 
 
 @settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None,
@@ -382,9 +382,7 @@ from test_names_and_fuzz import hostile_projects  # noqa: E402
 @given(project=hostile_projects())
 def test_convert_ps_down_of_a_hostile_project_succeed_or_fail_with_one_line(tmp_path_factory, project):
     text, dotenv, project_name = project
-    work = tmp_path_factory.mktemp("fuzz")
-    (work / "compose.yaml").write_text(text, encoding="utf-8", errors="surrogateescape")
-    (work / ".env").write_text(dotenv, encoding="utf-8", errors="surrogateescape")
+    work = written_project(tmp_path_factory, text, dotenv)
     env = {"PATH": f"{STANDIN.parent}:/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8", "PYTHONPATH": str(REPO),
            "C2S_RUNTIME": str(STANDIN), "C2S_RECORD": str(work / "record")}
     project_name = (project_name or "").replace("\0", "")  # argv cannot carry a NUL

@@ -117,14 +117,20 @@ def hostile_projects(draw):
     return text, dotenv, project_name
 
 
+def written_project(tmp_path_factory, text: str, dotenv: str):
+    """A fresh directory holding a drawn project's compose.yaml and .env, bytes as drawn."""
+    work = tmp_path_factory.mktemp("fuzz")
+    (work / "compose.yaml").write_text(text, encoding="utf-8", errors="surrogateescape")
+    (work / ".env").write_text(dotenv, encoding="utf-8", errors="surrogateescape")
+    return work
+
+
 @settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(project=hostile_projects())
 def test_config_of_a_hostile_project_loads_or_fails_with_one_line(tmp_path_factory, project):
     text, dotenv, project_name = project
-    work = tmp_path_factory.mktemp("fuzz")
-    (work / "compose.yaml").write_text(text, encoding="utf-8", errors="surrogateescape")
-    (work / ".env").write_text(dotenv, encoding="utf-8", errors="surrogateescape")
+    work = written_project(tmp_path_factory, text, dotenv)
     options = ProjectOptions(cwd=str(work), project_name=project_name or None,
                              environ={"PATH": "/usr/bin:/bin", "HOME": str(work)})
     try:
