@@ -789,7 +789,7 @@ start_service() {
     else
         if [ "$STATE_NOW" = exited ]; then
             remove_instance
-            wait_ended "$STARTER"
+            wait_reaped "$STARTER"
         fi
         [ -f "$S_SIF" ] || { set_status "$name" "failed image $S_SIF is missing (run: ./run.sh build)"; return 1; }
         if [ "$S_ONESHOT" = 0 ]; then
@@ -878,10 +878,11 @@ cmd_up() {
         shift
     done
     for name in "${names[@]}"; do load_service "$name"; done  # unknown names end here, with a message
+    take_project_lock up
     detect_runtime
     prepare_state
+    stop_supervisor  # one supervisor per project (a new one starts below), and none restarting what `up` starts
     clean_stale up
-    stop_supervisor  # one supervisor per project; a new one starts below
     mapfile -t names < <(closure "${names[@]}")
     for name in "${names[@]}"; do
         rm -f "$(status_file "$name")" "$RUNDIR/$name.timeline" "$RUNDIR/$name.progress"
@@ -945,6 +946,7 @@ cmd_up() {
         return 0
     fi
     # in the foreground this process is the supervisor: `down` or another `up` ends it
+    release_project_lock
     proc_start $$
     echo "$$ $PROC_START" >"$RUNDIR/supervisor.pid"
     SUPERVISOR_PID_FILE="$RUNDIR/supervisor.pid"
@@ -1133,14 +1135,25 @@ stop_service() {
 stop_supervisor() {
     local pid="" start="" i
     { read -r pid start || true; } 2>/dev/null <"$RUNDIR/supervisor.pid"
+    [ -n "$pid" ] && proc_start "$pid" && [ "$PROC_START" = "$start" ] || return 0  # (clean_stale tells of it)
     rm -f "$RUNDIR/supervisor.pid"
-    [ -n "$pid" ] && proc_start "$pid" && [ "$PROC_START" = "$start" ] || return 0
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || return 0
     for ((i = 0; i < 40; i++)); do
         parent_of "$pid" || return 0  # gone, or a zombie
         nap 0.05
     done
     kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+}
+
+# Until process $1 is gone and reaped, up to 5 s: the runtime keeps an instance's record (and
+# refuses to start it again) while its starter is a zombie, which lasts as long as the node's
+# PID 1 takes to reap it.
+wait_reaped() {
+    local i
+    for ((i = 0; i < 100; i++)); do
+        [ -e "/proc/$1" ] || return 0
+        nap 0.05
+    done
 }
 
 # What a killed run (kill -9, an ended batch job, a reboot) leaves behind. The runtime forgets
@@ -1162,7 +1175,7 @@ clean_stale() {
             # its processes still hold its endpoints: gone before `up` checks them (`down` stops it anyway)
             if [ "$1" = up ]; then
                 remove_instance
-                wait_ended "$STARTER"
+                wait_reaped "$STARTER"
                 unset "INSTANCE_PIDS[$S_INSTANCE]"
             fi
             continue
@@ -1203,6 +1216,7 @@ clean_stale() {
 cmd_down() {
     local volumes=0 level i t name alive outlived scripts=() graces=() names=() starters=() statuses=()
     [ "${1:-}" = -v ] || [ "${1:-}" = --volumes ] && volumes=1
+    take_project_lock down
     detect_runtime
     mkdir -p "$RUNDIR"
     stop_supervisor
@@ -1411,9 +1425,11 @@ cmd_exec() {
 
 cmd_restart() {
     [ $# -ge 1 ] || die "restart: name a service"
+    local name
+    for name in "$@"; do load_service "$name"; done
+    take_project_lock restart
     detect_runtime
     prepare_state
-    local name
     for name in "$@"; do
         stop_service "$name"
         load_service "$name"
@@ -1645,6 +1661,7 @@ cmd_build() {
     local pull=0
     case "${1:-}" in --pull) pull=1 && shift ;; esac
     [ $# -eq 0 ] || die "build: unknown argument $1 (usage: build [--pull])"
+    take_project_lock build
     build_images "$pull" "${IMAGES[@]}"
 }
 
@@ -1669,6 +1686,7 @@ cmd_pull() {
         note "pull: no image to pull${*:+ for $*} (build --pull refreshes the base images of builds)"
         return 0
     fi
+    take_project_lock pull
     build_images 1 "${keys[@]}"
 }
 
@@ -1760,6 +1778,39 @@ cmd_storage() {
     printf 'SIF cache\t%s\t%s\n' "$SIF_CACHE" "$([ -n "${C2S_SIF_CACHE:-}" ] && echo "set by C2S_SIF_CACHE")"
     printf 'build cache\t%s\t%s\n' "$BUILD_CACHE" "$([ -n "${APPTAINER_CACHEDIR:-}${SINGULARITY_CACHEDIR:-}" ] && echo "set by APPTAINER_CACHEDIR")"
     printf 'build tmp\t%s\t%s\n' "$BUILD_TMP" "$([ -n "${APPTAINER_TMPDIR:-}${SINGULARITY_TMPDIR:-}" ] && echo "set by APPTAINER_TMPDIR")"
+}
+
+# One `up`, `down`, `restart`, `build` or `pull` of a project at a time, each from the moment its
+# arguments are checked: two at once would start, stop or build the same instances and images
+# twice. The lock is a symbolic link whose target names its holder, "PID START COMMAND": made in
+# one step, left behind by a killed holder, and then recognised as stale by the pid's start time
+# (as supervisor.pid is). A foreground `up` gives it back once its services run; the others at
+# their exit. Waiting costs one readlink per 0.2 s.
+LOCK_HELD=0
+take_project_lock() {
+    local me holder="" pid start what told=0
+    (umask 077 && mkdir -p "$RUNDIR")
+    proc_start $$
+    me="$$ $PROC_START $1"
+    until ln -s "$me" "$RUNDIR/lock" 2>/dev/null; do
+        holder=$(readlink "$RUNDIR/lock" 2>/dev/null) || continue  # given back meanwhile
+        read -r pid start what <<<"$holder"
+        if [ -n "$pid" ] && proc_start "$pid" && [ "$PROC_START" = "$start" ]; then
+            [ "$told" = 1 ] || note "waiting for \`$what\` of this project (pid $pid) to finish"
+            told=1
+            nap 0.2
+        else
+            rm -f "$RUNDIR/lock"  # its holder ended without giving it back (kill -9, a reboot)
+        fi
+    done
+    LOCK_HELD=1
+    trap release_project_lock EXIT
+}
+
+release_project_lock() {
+    [ "$LOCK_HELD" = 1 ] || return 0
+    LOCK_HELD=0
+    rm -f "$RUNDIR/lock"
 }
 
 main() {

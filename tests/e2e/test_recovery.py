@@ -180,6 +180,8 @@ def test_killed_fuse_helpers_count_as_exited_and_up_brings_them_back(rec):
     node = rec
     up_healthy(node)
     before = instance_pids(node)
+    # no supervisor, so that nothing restarts `cache` (restart: always) behind `ps` and `up`
+    node.run(f"kill -9 $(cut -d' ' -f1 ~/{OUT}/state/run/supervisor.pid)", check=True)
     # the image and writable-root mounts die; the services' processes live on without a root filesystem
     node.run("pkill -9 -u hpc -x squashfuse_ll; pkill -9 -u hpc -x fuse-overlayfs")
     state, notes = ps(node)
@@ -193,6 +195,23 @@ def test_killed_fuse_helpers_count_as_exited_and_up_brings_them_back(rec):
     after = instance_pids(node)
     assert all(after[i] != before[i] for i in before), (before, after)  # each instance made anew
     assert node.run("curl -fsS http://127.0.0.1:18090/api/health").returncode == 0
+    run_sh(node, "down", timeout=300)
+    assert_nothing_left(node)
+
+
+def test_supervisor_restarts_a_service_whose_root_filesystem_went(rec):
+    node = rec
+    up_healthy(node)
+    before = instance_pids(node)
+    node.run("pkill -9 -u hpc -x squashfuse_ll; pkill -9 -u hpc -x fuse-overlayfs")
+    for _ in range(100):  # cache has `restart: always`: its instance is removed and made anew
+        state, _ = ps(node)
+        if state["cache"]["state"] == "running":
+            break
+        time.sleep(0.2)
+    assert state["cache"]["state"] == "running", state["cache"]
+    assert instance_pids(node)[f"{PROJECT}-cache"] != before[f"{PROJECT}-cache"]
+    assert "restarting (restart: always)" in (node.home / OUT / "state" / "logs" / "supervisor.log").read_text()
     run_sh(node, "down", timeout=300)
     assert_nothing_left(node)
 
@@ -211,3 +230,24 @@ def test_foreground_up_ends_with_down(rec):
     assert proc.returncode == 0, proc.stderr
     assert_nothing_left(node)  # the foreground `up` (this project's supervisor) too
     assert f"[{PROJECT}] up: ended by another run.sh up or down" in (node.home / "fg-up.log").read_text()
+
+
+def test_two_ups_at_once_start_each_service_once_and_down_waits_for_up(rec):
+    node = rec
+    node.run(f"cd ~ && for x in a b; do ({OUT}/run.sh up -d >up-$x.log 2>&1; echo $? >up-$x.rc) & done; wait",
+             timeout=900, check=True)
+    logs = [(node.home / f"up-{x}.log").read_text() for x in "ab"]
+    assert [(node.home / f"up-{x}.rc").read_text().strip() for x in "ab"] == ["0", "0"], logs
+    assert sum("waiting for `up` of this project (pid " in log for log in logs) == 1, logs
+    for name in LONG_RUNNING:  # the second `up` ran after the first: everything was running by then
+        assert "".join(logs).count(f"[{PROJECT}] {name}: starting instance") == 1, logs
+    assert len(supervisors(node)) == 1
+    assert run_sh(node, "down", timeout=300).returncode == 0
+    # `down` typed while `up` is still starting the stack: it waits for `up`, then removes all of it
+    node.run(f"cd ~ || exit; ({OUT}/run.sh up -d >up-a.log 2>&1; echo $? >up-a.rc) & sleep 1; "
+             f"{OUT}/run.sh down >down.log 2>&1; echo $? >down.rc; wait", timeout=900, check=True)
+    down_log = (node.home / "down.log").read_text()
+    assert (node.home / "down.rc").read_text().strip() == "0", down_log
+    assert "waiting for `up` of this project (pid " in down_log, down_log
+    assert (node.home / "up-a.rc").read_text().strip() == "0", (node.home / "up-a.log").read_text()
+    assert_nothing_left(node)
