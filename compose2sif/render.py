@@ -44,10 +44,12 @@ _ULIMIT_FLAGS = {"core": "c", "data": "d", "fsize": "f", "locks": "x", "memlock"
 def launch_line(service: ServicePlan) -> str:
     """The shell line the start script evals: cd, ulimits, run the command, record its exit code.
     The command runs as a child so the exit code can be kept for `ps` and restart policies; the
-    signals `instance stop` sends are passed on to it."""
+    signals `instance stop` sends are passed on to it. A working directory the image lacks is made,
+    as Docker makes it (where the root is writable), so that `exec` finds it too."""
     parts: List[str] = []
     if service.workdir:
-        parts.append(f"cd {shlex.quote(service.workdir)} 2>/dev/null")
+        workdir = shlex.quote(service.workdir)
+        parts.append(f"{{ [ -d {workdir} ] || mkdir -p {workdir}; }} 2>/dev/null; cd {workdir} 2>/dev/null")
     for name, (soft, hard) in sorted(service.ulimits.items()):
         flag = _ULIMIT_FLAGS.get(name)
         if flag:

@@ -212,6 +212,8 @@ def test_supervisor_restarts_a_service_whose_root_filesystem_went(rec):
     assert state["cache"]["state"] == "running", state["cache"]
     assert instance_pids(node)[f"{PROJECT}-cache"] != before[f"{PROJECT}-cache"]
     assert "restarting (restart: always)" in (node.home / OUT / "state" / "logs" / "supervisor.log").read_text()
+    # it runs in its image's working directory, which the image lacks and the start made, as Docker does
+    assert node.run(f"cd ~ && {OUT}/run.sh exec cache sh -c pwd").stdout.strip() == "/data"
     run_sh(node, "down", timeout=300)
     assert_nothing_left(node)
 
