@@ -1056,13 +1056,13 @@ cmd_supervise() {
 # This service's instance (pid IPID) goes, with whatever still runs in it. `instance stop -t 0`
 # would SIGKILL the instance's init and leave its starter (the init's parent) to stop the image's
 # FUSE drivers and exit: a runtime start and a cleanup that cost 10-20 ms of CPU per instance.
-# Here kill_instance SIGKILLs the init, and end_starters then SIGKILLs the starters and their
-# FUSE drivers (their other children, read for all of them at once): the kernel tears down the
-# mounts with the last process of their mount namespaces, and the runtime deletes the records
-# of instances whose starter is gone at its next listing. The init is signalled only when its
-# parent is this instance's starter (else the runtime stops it). ENDING collects every process
-# that is ending, for wait_ended; STARTER is this instance's starter.
-STARTER="" ENDING=() KILLED=()
+# Here kill_instance collects the init (and its starter), and end_starters SIGKILLs the inits
+# collected, their starters and the starters' FUSE drivers (their other children) together: the
+# kernel tears down the mounts with the last process of their mount namespaces, and the runtime
+# deletes the records of instances whose starter is gone at its next listing. The init is
+# signalled only when its parent is this instance's starter (else the runtime stops it). ENDING
+# collects every process that is ending, for wait_ended; STARTER is this instance's starter.
+STARTER="" ENDING=() KILLED=() INITS=()
 kill_instance() {
     local argv0=""
     STARTER=""
@@ -1070,21 +1070,27 @@ kill_instance() {
     case "$argv0" in
         *" instance: "*"[$S_INSTANCE]")
             STARTER=$PARENT
-            kill -KILL "$IPID" 2>/dev/null && { KILLED+=("$STARTER"); return 0; }
+            kill -0 "$IPID" 2>/dev/null && { INITS+=("$IPID") KILLED+=("$STARTER"); return 0; }
             ENDING+=("$STARTER")  # (a setuid runtime's starter: it ends when the runtime stops it)
             ;;
     esac
     "$RT" instance stop -t 0 "$S_INSTANCE" >/dev/null 2>&1 || true
 }
 
+# One SIGKILL, in one `kill`, of every init kill_instance collected, their starters and the
+# starters' other children (the FUSE drivers): the kernel tears them all down at once.
 end_starters() {
-    local s files=() kids=()
+    local s f k=() kids=()
     [ ${#KILLED[@]} -gt 0 ] || return 0
-    for s in "${KILLED[@]}"; do files+=(/proc/"$s"/task/*/children); done
-    read -r -a kids < <(cat "${files[@]}" 2>/dev/null; echo)
-    kill -KILL "${KILLED[@]}" "${kids[@]}" 2>/dev/null
+    for s in "${KILLED[@]}"; do
+        for f in /proc/"$s"/task/*/children; do
+            { read -r -a k || true; } 2>/dev/null <"$f"
+            kids+=("${k[@]}")
+        done
+    done
+    kill -KILL "${INITS[@]}" "${KILLED[@]}" "${kids[@]}" 2>/dev/null
     ENDING+=("${KILLED[@]}" "${kids[@]}")
-    KILLED=()
+    KILLED=() INITS=()
 }
 
 remove_instance() {
@@ -1093,15 +1099,17 @@ remove_instance() {
     end_starters
 }
 
-# Wait until the given processes have ended (gone, or zombies), up to 10 s.
+# Wait until the given processes have all ended (gone, or zombies), up to 10 s: every one is
+# looked at in each round of 0.01 s, and one that has ended is not looked at again.
 wait_ended() {
-    local pid i
-    for pid in "$@"; do
-        for ((i = 0; i < 200; i++)); do
-            parent_of "$pid" || break
-            nap 0.05
-        done
+    local pids=("$@") left=() pid i
+    for ((i = 0; i < 1000 && ${#pids[@]} > 0; i++)); do
+        left=()
+        for pid in "${pids[@]}"; do parent_of "$pid" && left+=("$pid"); done
+        pids=("${left[@]}")
+        [ ${#pids[@]} -gt 0 ] && nap 0.01
     done
+    return 0
 }
 
 # Compose's stop for one service: the stop signal to it, up to stop_grace_period to end, then the
@@ -1136,9 +1144,9 @@ stop_supervisor() {
     rm -f "$RUNDIR/supervisor.pid"
     [ -n "$pid" ] && proc_start "$pid" && [ "$PROC_START" = "$start" ] || return 0
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || return 0
-    for ((i = 0; i < 40; i++)); do
+    for ((i = 0; i < 200; i++)); do
         parent_of "$pid" || return 0  # gone, or a zombie
-        nap 0.05
+        nap 0.01
     done
     kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
 }
@@ -1201,46 +1209,43 @@ clean_stale() {
 # up to each one's stop_grace_period for them to end, then their instances go and the next level
 # starts while the runtime tears those down. Everything has ended when `down` returns.
 cmd_down() {
-    local volumes=0 level i t name alive outlived scripts=() graces=() names=() starters=() statuses=()
+    local volumes=0 level i t name alive outlived scripts=() graces=() instances=() ipids=() starters=() statuses=()
     [ "${1:-}" = -v ] || [ "${1:-}" = --volumes ] && volumes=1
-    detect_runtime
+    detect_runtime --images-only  # (down runs no image: the rest of the probing is not needed)
     mkdir -p "$RUNDIR"
     stop_supervisor
     list_instances
     clean_stale down
     for ((level = MAX_LEVEL; level >= 0; level--)); do
-        scripts=() graces=() names=() outlived=0
+        scripts=() graces=() instances=() ipids=() outlived=0
         for ((i = ${#SERVICES[@]} - 1; i >= 0; i--)); do
             [ "${LEVELS[i]}" = "$level" ] || continue
             name=${SERVICES[i]}
             load_service "$name"
             : >"$RUNDIR/$name.stopped"
+            statuses+=("$RUNDIR/$name.status")
             instance_pid
-            if [ -z "$IPID" ]; then
-                statuses+=("$RUNDIR/$name.status")
-                continue
-            fi
+            [ -n "$IPID" ] || continue
             note "$name: stopping $S_INSTANCE"
-            names+=("$name")
+            instances+=("$S_INSTANCE") ipids+=("$IPID")
             if child_of "$IPID" && kill -s "${S_STOP_SIGNAL#SIG}" "$CHILD" 2>/dev/null; then
-                scripts+=("$CHILD") graces+=($((S_STOP_GRACE * 20)))
+                scripts+=("$CHILD") graces+=($((S_STOP_GRACE * 100)))
             fi
         done
-        for ((t = 0; ; t++)); do  # in steps of 0.05 s
+        # t in hundredths of a second: steps of 0.01 s while a prompt end is likely, then of 0.05 s
+        for ((t = 0; ; t += (t < 20 ? 1 : 5))); do
             alive=0
             for i in "${!scripts[@]}"; do
                 ((t < graces[i])) && kill -0 "${scripts[i]}" 2>/dev/null && alive=1
             done
             [ "$alive" = 0 ] && break
-            nap 0.05
+            if ((t < 20)); then nap 0.01; else nap 0.05; fi
         done
         for i in "${!scripts[@]}"; do kill -0 "${scripts[i]}" 2>/dev/null && outlived=1; done
         ENDING=()
-        for name in "${names[@]}"; do  # the instances of the level at once (see kill_instance)
-            load_service "$name"
-            instance_pid
+        for i in "${!instances[@]}"; do  # the instances of the level at once (see kill_instance)
+            S_INSTANCE=${instances[i]} IPID=${ipids[i]}
             kill_instance
-            statuses+=("$RUNDIR/$name.status")
         done
         end_starters
         starters+=("${ENDING[@]}")
