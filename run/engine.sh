@@ -1305,39 +1305,53 @@ human_duration() {
 # Compose's ps: health as the last probe left it (the supervisor probes on each healthcheck's
 # schedule, so that `ps` runs none); only a service with no fresh result (no supervisor runs,
 # or its probe is late) is probed here, all of those at once. UPTIME: since its instance started.
+# Each service's state and recorded health are read once, without a child process; the runtime
+# is probed for what a probe needs (detect_runtime, probe_tools) only when one runs.
 cmd_ps() {
-    local json=0 name st health rc ports endpoints quoted e pid probes=() rows=() row w=() i cells
+    local json=0 name st health rc status ports endpoints quoted e pid probes=() rows=() row w=() i cells probing=0
+    declare -A state_of=() ipid_of=() health_of=()
     [ "${1:-}" = --format ] && [ "${2:-}" = json ] && json=1
-    detect_runtime
+    detect_runtime --images-only
     mkdir -p "$RUNDIR"
     list_instances
     clean_stale ps
-    probe_tools
     for name in "${SERVICES[@]}"; do
         load_service "$name"
-        { [ ${#S_HEALTH[@]} -gt 0 ] && service_running && ! recorded_health; } || continue
+        service_state
+        state_of[$name]=$STATE_NOW ipid_of[$name]=$IPID
+        [ ${#S_HEALTH[@]} -gt 0 ] && [ "$STATE_NOW" = running ] || continue
+        if recorded_health; then
+            health_of[$name]=$HEALTH_NOW
+            continue
+        fi
+        [ "$probing" = 1 ] || { detect_runtime; probe_tools; probing=1; }
         { if health_once; then record_health healthy; else record_health unhealthy 1; fi; } &
         probes+=($!)
     done
     for pid in "${probes[@]}"; do wait "$pid"; done
     for name in "${SERVICES[@]}"; do
         load_service "$name"
-        service_state
-        st=$STATE_NOW
+        st=${state_of[$name]} IPID=${ipid_of[$name]}
+        status=""
+        { IFS= read -r status || true; } 2>/dev/null <"$RUNDIR/$name.status"
         rc=""
-        [ "$st" = running ] || rc=$(exit_code)
+        if [ "$st" != running ]; then
+            case "$S_TMP" in /*) e=$S_TMP ;; *) e=$HERE/$S_TMP ;; esac  # (tmp_dir, without a subshell)
+            { IFS= read -r rc || true; } 2>/dev/null <"$e/.c2s-exit"
+        fi
         health=none
         if [ ${#S_HEALTH[@]} -gt 0 ] && [ "$st" = running ]; then
-            if recorded_health; then health=$HEALTH_NOW; else health=starting; fi
+            health=${health_of[$name]:-}
+            [ -n "$health" ] || { recorded_health && health=$HEALTH_NOW; } || health=starting
         fi
         if [ "$S_ONESHOT" = 1 ]; then
-            case "$(get_status "$name")" in
-                completed*) st=exited rc=$(get_status "$name"); rc=${rc#completed } ;;
+            case "$status" in
+                completed*) st=exited rc=${status#completed } ;;
             esac
         fi
         if [ "$st" = absent ]; then
             # gone without `down`: it ended or was killed; otherwise it is simply not running
-            case "$(get_status "$name")" in
+            case "$status" in
                 started | healthy) st=exited ;;
                 *) st=stopped ;;
             esac
