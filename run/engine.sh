@@ -1302,91 +1302,96 @@ human_duration() {
     fi
 }
 
+# One row of `ps` for the service loaded, whose state is $2 and health $3: row $1 (the service's
+# index) of PS_ROWS, a JSON object, or 6 table cells from 6 * $1 on. Files read without a child.
+PS_JSON=0 PS_ROWS=()
+ps_row() {
+    local i=$1 st=$2 health=$3 status="" rc="" e ports="" addresses="" quoted="" cells=() row
+    { IFS= read -r status || true; } 2>/dev/null <"$RUNDIR/$S_NAME.status"
+    if [ "$st" != running ]; then
+        case "$S_TMP" in /*) e=$S_TMP ;; *) e=$HERE/$S_TMP ;; esac  # (tmp_dir, without a subshell)
+        { IFS= read -r rc || true; } 2>/dev/null <"$e/.c2s-exit"
+    fi
+    if [ "$S_ONESHOT" = 1 ]; then
+        case "$status" in
+            completed*) st=exited rc=${status#completed } ;;
+        esac
+    fi
+    if [ "$st" = absent ]; then
+        # gone without `down`: it ended or was killed; otherwise it is simply not running
+        case "$status" in
+            started | healthy) st=exited ;;
+            *) st=stopped ;;
+        esac
+    fi
+    UPTIME_S="" DURATION=""
+    if [ "$st" = running ] && process_age "$IPID"; then
+        human_duration "$UPTIME_S"
+        DURATION="Up $DURATION"
+    fi
+    for e in "${S_ENDPOINTS[@]}"; do
+        e=${e%\?}
+        ports+=${ports:+,}${e##*:}
+        addresses+=${addresses:+,}$e
+        json_str "$e"
+        quoted+=${quoted:+,}$JSON_STR
+    done
+    if [ "$PS_JSON" = 1 ]; then
+        case "$rc" in '' | *[!0-9-]*) rc=null ;; esac
+        for e in "$S_NAME" "$S_INSTANCE" "$st" "$health" "$DURATION"; do json_str "$e"; cells+=("$JSON_STR"); done
+        printf -v row '{"service":%s,"instance":%s,"state":%s,"exit_code":%s,"health":%s,"ports":[%s],"endpoints":[%s],"uptime":%s,"uptime_seconds":%s}' \
+            "${cells[0]}" "${cells[1]}" "${cells[2]}" "$rc" "${cells[3]}" "$ports" "$quoted" "${cells[4]}" "${UPTIME_S:-null}"
+        PS_ROWS[i]=$row
+    else
+        [ "$st" = exited ] && [ -n "$rc" ] && st="exited($rc)"  # killed: no code was written
+        cells=("$S_NAME" "$S_INSTANCE" "$st" "$health" "${addresses:--}" "${DURATION:--}")
+        for e in 0 1 2 3 4 5; do PS_ROWS[i * 6 + e]=${cells[e]}; done
+    fi
+}
+
 # Compose's ps: health as the last probe left it (the supervisor probes on each healthcheck's
 # schedule, so that `ps` runs none); only a service with no fresh result (no supervisor runs,
 # or its probe is late) is probed here, all of those at once. UPTIME: since its instance started.
-# Each service's state and recorded health are read once, without a child process; the runtime
-# is probed for what a probe needs (detect_runtime, probe_tools) only when one runs.
+# Each service is loaded and its state read once (a service probed here is loaded again for its
+# result); the runtime is probed for what a probe needs only when one runs.
 cmd_ps() {
-    local json=0 name st health rc status ports endpoints quoted e pid probes=() rows=() row w=() i cells probing=0
-    declare -A state_of=() ipid_of=() health_of=()
-    [ "${1:-}" = --format ] && [ "${2:-}" = json ] && json=1
+    local health pid i rows=() w=() probes=() later=() probing=0
+    declare -A ipid_of=()
+    PS_JSON=0 PS_ROWS=()
+    [ "${1:-}" = --format ] && [ "${2:-}" = json ] && PS_JSON=1
     detect_runtime --images-only
     mkdir -p "$RUNDIR"
     list_instances
     clean_stale ps
-    for name in "${SERVICES[@]}"; do
-        load_service "$name"
+    for i in "${!SERVICES[@]}"; do
+        load_service "${SERVICES[i]}"
         service_state
-        state_of[$name]=$STATE_NOW ipid_of[$name]=$IPID
-        [ ${#S_HEALTH[@]} -gt 0 ] && [ "$STATE_NOW" = running ] || continue
-        if recorded_health; then
-            health_of[$name]=$HEALTH_NOW
-            continue
+        health=none
+        if [ ${#S_HEALTH[@]} -gt 0 ] && [ "$STATE_NOW" = running ]; then
+            if ! recorded_health; then  # its row once it is probed
+                [ "$probing" = 1 ] || { detect_runtime; probe_tools; probing=1; }
+                { if health_once; then record_health healthy; else record_health unhealthy 1; fi; } &
+                probes+=($!) later+=("$i") ipid_of[$i]=$IPID
+                continue
+            fi
+            health=$HEALTH_NOW
         fi
-        [ "$probing" = 1 ] || { detect_runtime; probe_tools; probing=1; }
-        { if health_once; then record_health healthy; else record_health unhealthy 1; fi; } &
-        probes+=($!)
+        ps_row "$i" "$STATE_NOW" "$health"
     done
     for pid in "${probes[@]}"; do wait "$pid"; done
-    for name in "${SERVICES[@]}"; do
-        load_service "$name"
-        st=${state_of[$name]} IPID=${ipid_of[$name]}
-        status=""
-        { IFS= read -r status || true; } 2>/dev/null <"$RUNDIR/$name.status"
-        rc=""
-        if [ "$st" != running ]; then
-            case "$S_TMP" in /*) e=$S_TMP ;; *) e=$HERE/$S_TMP ;; esac  # (tmp_dir, without a subshell)
-            { IFS= read -r rc || true; } 2>/dev/null <"$e/.c2s-exit"
-        fi
-        health=none
-        if [ ${#S_HEALTH[@]} -gt 0 ] && [ "$st" = running ]; then
-            health=${health_of[$name]:-}
-            [ -n "$health" ] || { recorded_health && health=$HEALTH_NOW; } || health=starting
-        fi
-        if [ "$S_ONESHOT" = 1 ]; then
-            case "$status" in
-                completed*) st=exited rc=${status#completed } ;;
-            esac
-        fi
-        if [ "$st" = absent ]; then
-            # gone without `down`: it ended or was killed; otherwise it is simply not running
-            case "$status" in
-                started | healthy) st=exited ;;
-                *) st=stopped ;;
-            esac
-        fi
-        UPTIME_S="" DURATION=""
-        if [ "$st" = running ] && process_age "$IPID"; then
-            human_duration "$UPTIME_S"
-            DURATION="Up $DURATION"
-        fi
-        ports="" endpoints="" quoted=""
-        for e in "${S_ENDPOINTS[@]}"; do
-            e=${e%\?}
-            ports+=${ports:+,}${e##*:}
-            endpoints+=${endpoints:+,}$e
-            json_str "$e"
-            quoted+=${quoted:+,}$JSON_STR
-        done
-        if [ "$json" = 1 ]; then
-            case "$rc" in '' | *[!0-9-]*) rc=null ;; esac
-            cells=()
-            for e in "$name" "$S_INSTANCE" "$st" "$health" "$DURATION"; do json_str "$e"; cells+=("$JSON_STR"); done
-            printf -v row '{"service":%s,"instance":%s,"state":%s,"exit_code":%s,"health":%s,"ports":[%s],"endpoints":[%s],"uptime":%s,"uptime_seconds":%s}' \
-                "${cells[0]}" "${cells[1]}" "${cells[2]}" "$rc" "${cells[3]}" "$ports" "$quoted" "${cells[4]}" "${UPTIME_S:-null}"
-            rows+=("$row")
-        else
-            [ "$st" = exited ] && [ -n "$rc" ] && st="exited($rc)"  # killed: no code was written
-            rows+=("$name" "$S_INSTANCE" "$st" "$health" "${endpoints:--}" "${DURATION:--}")
-        fi
+    for i in "${later[@]}"; do
+        load_service "${SERVICES[i]}"
+        IPID=${ipid_of[$i]}
+        health=starting
+        recorded_health && health=$HEALTH_NOW
+        ps_row "$i" running "$health"
     done
-    if [ "$json" = 1 ]; then
-        (IFS=,; printf '[%s]\n' "${rows[*]}")
+    if [ "$PS_JSON" = 1 ]; then
+        (IFS=,; printf '[%s]\n' "${PS_ROWS[*]}")
         return 0
     fi
     # the table: each column as wide as its widest cell
-    rows=(SERVICE INSTANCE STATE HEALTH ADDRESS:PORT UPTIME "${rows[@]}")
+    rows=(SERVICE INSTANCE STATE HEALTH ADDRESS:PORT UPTIME "${PS_ROWS[@]}")
     w=(0 0 0 0 0 0)
     for i in "${!rows[@]}"; do ((${#rows[i]} > w[i % 6])) && w[i % 6]=${#rows[i]}; done
     for ((i = 0; i < ${#rows[@]}; i += 6)); do
