@@ -16,6 +16,10 @@ For N = 1, 2, 4, 8, 16, 32 (--quick: 1, 8, 32), it prints, timed on the node:
           `ps` reports its results and runs no probe); warm: the median of two more; stale: with
           the health records deleted, so that `ps` runs every probe itself;
   down    `run.sh down`, until every process of the stack has ended;
+  floor   the runtime's floor for that: N bare `apptainer instance start`s (no run.sh) of the
+          same SIF and env files, with a fuse-overlayfs writable root as run.sh gives, then one
+          SIGKILL of every init, starter and FUSE driver, until all have ended, and one
+          `instance list` (the runtime then drops their records);
   rss     extra resident memory per service with the stack up (all of the user's processes, less
           the count before `up`), and the part that is not the server process itself;
   sup     CPU of the background supervisor over 9 s: its own loop ("sup core"), and the children
@@ -109,6 +113,23 @@ def floor_link(node: Node) -> float:
     return int(node.run(script, check=True, timeout=120).stdout.split()[-1]) / 1000
 
 
+def floor_down(node: Node, n: int) -> float:
+    """Seconds from one SIGKILL of N bare instances' processes to their end and one listing."""
+    script = (f"cd ~/{OUT} && sif=$(ls sif/*.sif | head -n 1) && rm -rf ~/scaling-floor && "
+              f"for i in $(seq 1 {n}); do mkdir -p ~/scaling-floor/o$i ~/scaling-floor/h$i; "
+              "apptainer instance start --cleanenv --no-eval --env-file env/s$i.env --overlay ~/scaling-floor/o$i "
+              "--home ~/scaling-floor/h$i \"$sif\" c2s-scaling-kill$i >/dev/null 2>&1 & done; wait; "
+              f"until [ \"$(pgrep -u hpc -fc 'c2s-bench-serve[r]')\" -ge {n} ]; do sleep 0.1; done; sleep 1; "
+              "pids=''; for p in $(apptainer instance list --json | sed -n 's/.*\"pid\": *\\([0-9]*\\).*/\\1/p'); do "
+              "m=$(awk '{print $4}' /proc/$p/stat); pids=\"$pids $p $m $(cat /proc/$m/task/*/children)\"; done; "
+              "alive() { local p l; for p in \"$@\"; do l=''; read -r l </proc/$p/stat || continue; "
+              "case \"${l##*) }\" in Z*) ;; *) return 0 ;; esac; done 2>/dev/null; return 1; }; "
+              "s=${EPOCHREALTIME/./}; kill -KILL $pids 2>/dev/null; while alive $pids; do sleep 0.005; done; "
+              "apptainer instance list >/dev/null 2>&1; e=${EPOCHREALTIME/./}; rm -rf ~/scaling-floor; "
+              "echo $(( (e - s) / 1000 ))")
+    return int(node.run(script, check=True, timeout=300).stdout.split()[-1]) / 1000
+
+
 def measure(node: Node, shape: str, n: int, floor: float):
     (node.home / STACK).mkdir(exist_ok=True)
     (node.home / STACK / "compose.yaml").write_text(compose(shape, n))
@@ -132,8 +153,9 @@ def measure(node: Node, shape: str, n: int, floor: float):
     ps_stale = timed(node, f"{OUT}/run.sh ps")
     down = timed(node, f"{OUT}/run.sh down")
     left = processes(node.uid)  # nothing of the user's should be left: the stack was all it ran
+    kill_floor = floor_down(node, n)
     levels = n if shape == "chain" else 1
-    return {"up": up, "bound": levels * floor, "ps": ps, "ps_warm": ps_warm, "ps_stale": ps_stale, "down": down, "rss": total / n / 1024,
+    return {"up": up, "bound": levels * floor, "ps": ps, "ps_warm": ps_warm, "ps_stale": ps_stale, "down": down, "kill_floor": kill_floor, "rss": total / n / 1024,
             "overhead": (total - servers) / n / 1024, "sup": sup, "probes": probes, "left": len(left)}
 
 
@@ -154,7 +176,7 @@ def main():
             build = statistics.median(timed(node, f"{OUT}/run.sh build") for _ in range(3))
             print(f"floor: one bare instance start + first successful probe = {floor:.2f} s; "
                   f"no-op build {build:.2f} s")
-            print(f"{'shape':6} {'N':>3} {'up s':>7} {'bound':>6} {'ps s':>6} {'warm':>6} {'stale':>6} {'down s':>7} "
+            print(f"{'shape':6} {'N':>3} {'up s':>7} {'bound':>6} {'ps s':>6} {'warm':>6} {'stale':>6} {'down s':>7} {'floor':>6} "
                   f"{'MiB/svc':>8} {'ovh/svc':>8} {'sup core':>8} {'probes':>7}")
             ups = {}
             for shape in args.shapes.split(","):
@@ -162,7 +184,7 @@ def main():
                     r = measure(node, shape, n, floor)
                     ups[shape, n] = r["up"]
                     print(f"{shape:6} {n:>3} {r['up']:>7.2f} {r['bound']:>6.2f} {r['ps']:>6.2f} {r['ps_warm']:>6.2f} {r['ps_stale']:>6.2f} "
-                          f"{r['down']:>7.2f} "
+                          f"{r['down']:>7.2f} {r['kill_floor']:>6.2f} "
                           f"{r['rss']:>8.1f} {r['overhead']:>8.1f} {r['sup']:>8.3f} {r['probes']:>7.3f}"
                           + (f"  LEFT BEHIND: {r['left']} processes" if r["left"] else ""), flush=True)
             if ("chain", sizes[0]) in ups and len(sizes) > 1:

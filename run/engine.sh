@@ -1058,13 +1058,13 @@ cmd_supervise() {
 # This service's instance (pid IPID) goes, with whatever still runs in it. `instance stop -t 0`
 # would SIGKILL the instance's init and leave its starter (the init's parent) to stop the image's
 # FUSE drivers and exit: a runtime start and a cleanup that cost 10-20 ms of CPU per instance.
-# Here kill_instance SIGKILLs the init, and end_starters then SIGKILLs the starters and their
-# FUSE drivers (their other children, read for all of them at once): the kernel tears down the
-# mounts with the last process of their mount namespaces, and the runtime deletes the records
-# of instances whose starter is gone at its next listing. The init is signalled only when its
-# parent is this instance's starter (else the runtime stops it). ENDING collects every process
-# that is ending, for wait_ended; STARTER is this instance's starter.
-STARTER="" ENDING=() KILLED=()
+# Here kill_instance collects the init (and its starter), and end_starters SIGKILLs the inits
+# collected, their starters and the starters' FUSE drivers (their other children) together: the
+# kernel tears down the mounts with the last process of their mount namespaces, and the runtime
+# deletes the records of instances whose starter is gone at its next listing. The init is
+# signalled only when its parent is this instance's starter (else the runtime stops it). ENDING
+# collects every process that is ending, for wait_ended; STARTER is this instance's starter.
+STARTER="" ENDING=() KILLED=() INITS=()
 kill_instance() {
     local argv0=""
     STARTER=""
@@ -1072,21 +1072,27 @@ kill_instance() {
     case "$argv0" in
         *" instance: "*"[$S_INSTANCE]")
             STARTER=$PARENT
-            kill -KILL "$IPID" 2>/dev/null && { KILLED+=("$STARTER"); return 0; }
+            kill -0 "$IPID" 2>/dev/null && { INITS+=("$IPID") KILLED+=("$STARTER"); return 0; }
             ENDING+=("$STARTER")  # (a setuid runtime's starter: it ends when the runtime stops it)
             ;;
     esac
     "$RT" instance stop -t 0 "$S_INSTANCE" >/dev/null 2>&1 || true
 }
 
+# One SIGKILL, in one `kill`, of every init kill_instance collected, their starters and the
+# starters' other children (the FUSE drivers): the kernel tears them all down at once.
 end_starters() {
-    local s files=() kids=()
+    local s f k=() kids=()
     [ ${#KILLED[@]} -gt 0 ] || return 0
-    for s in "${KILLED[@]}"; do files+=(/proc/"$s"/task/*/children); done
-    read -r -a kids < <(cat "${files[@]}" 2>/dev/null; echo)
-    kill -KILL "${KILLED[@]}" "${kids[@]}" 2>/dev/null
+    for s in "${KILLED[@]}"; do
+        for f in /proc/"$s"/task/*/children; do
+            { read -r -a k || true; } 2>/dev/null <"$f"
+            kids+=("${k[@]}")
+        done
+    done
+    kill -KILL "${INITS[@]}" "${KILLED[@]}" "${kids[@]}" 2>/dev/null
     ENDING+=("${KILLED[@]}" "${kids[@]}")
-    KILLED=()
+    KILLED=() INITS=()
 }
 
 remove_instance() {
@@ -1095,15 +1101,17 @@ remove_instance() {
     end_starters
 }
 
-# Wait until the given processes have ended (gone, or zombies), up to 10 s.
+# Wait until the given processes have all ended (gone, or zombies), up to 10 s: every one is
+# looked at in each round of 0.01 s, and one that has ended is not looked at again.
 wait_ended() {
-    local pid i
-    for pid in "$@"; do
-        for ((i = 0; i < 200; i++)); do
-            parent_of "$pid" || break
-            nap 0.05
-        done
+    local pids=("$@") left=() pid i
+    for ((i = 0; i < 1000 && ${#pids[@]} > 0; i++)); do
+        left=()
+        for pid in "${pids[@]}"; do parent_of "$pid" && left+=("$pid"); done
+        pids=("${left[@]}")
+        [ ${#pids[@]} -gt 0 ] && nap 0.01
     done
+    return 0
 }
 
 # Compose's stop for one service: the stop signal to it, up to stop_grace_period to end, then the
@@ -1138,9 +1146,9 @@ stop_supervisor() {
     [ -n "$pid" ] && proc_start "$pid" && [ "$PROC_START" = "$start" ] || return 0  # (clean_stale tells of it)
     rm -f "$RUNDIR/supervisor.pid"
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || return 0
-    for ((i = 0; i < 40; i++)); do
+    for ((i = 0; i < 200; i++)); do
         parent_of "$pid" || return 0  # gone, or a zombie
-        nap 0.05
+        nap 0.01
     done
     kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
 }
@@ -1214,47 +1222,44 @@ clean_stale() {
 # up to each one's stop_grace_period for them to end, then their instances go and the next level
 # starts while the runtime tears those down. Everything has ended when `down` returns.
 cmd_down() {
-    local volumes=0 level i t name alive outlived scripts=() graces=() names=() starters=() statuses=()
+    local volumes=0 level i t name alive outlived scripts=() graces=() instances=() ipids=() starters=() statuses=()
     [ "${1:-}" = -v ] || [ "${1:-}" = --volumes ] && volumes=1
     take_project_lock down
-    detect_runtime
+    detect_runtime --images-only  # (down runs no image: the rest of the probing is not needed)
     mkdir -p "$RUNDIR"
     stop_supervisor
     list_instances
     clean_stale down
     for ((level = MAX_LEVEL; level >= 0; level--)); do
-        scripts=() graces=() names=() outlived=0
+        scripts=() graces=() instances=() ipids=() outlived=0
         for ((i = ${#SERVICES[@]} - 1; i >= 0; i--)); do
             [ "${LEVELS[i]}" = "$level" ] || continue
             name=${SERVICES[i]}
             load_service "$name"
             : >"$RUNDIR/$name.stopped"
+            statuses+=("$RUNDIR/$name.status")
             instance_pid
-            if [ -z "$IPID" ]; then
-                statuses+=("$RUNDIR/$name.status")
-                continue
-            fi
+            [ -n "$IPID" ] || continue
             note "$name: stopping $S_INSTANCE"
-            names+=("$name")
+            instances+=("$S_INSTANCE") ipids+=("$IPID")
             if child_of "$IPID" && kill -s "${S_STOP_SIGNAL#SIG}" "$CHILD" 2>/dev/null; then
-                scripts+=("$CHILD") graces+=($((S_STOP_GRACE * 20)))
+                scripts+=("$CHILD") graces+=($((S_STOP_GRACE * 100)))
             fi
         done
-        for ((t = 0; ; t++)); do  # in steps of 0.05 s
+        # t in hundredths of a second: steps of 0.01 s while a prompt end is likely, then of 0.05 s
+        for ((t = 0; ; t += (t < 20 ? 1 : 5))); do
             alive=0
             for i in "${!scripts[@]}"; do
                 ((t < graces[i])) && kill -0 "${scripts[i]}" 2>/dev/null && alive=1
             done
             [ "$alive" = 0 ] && break
-            nap 0.05
+            if ((t < 20)); then nap 0.01; else nap 0.05; fi
         done
         for i in "${!scripts[@]}"; do kill -0 "${scripts[i]}" 2>/dev/null && outlived=1; done
         ENDING=()
-        for name in "${names[@]}"; do  # the instances of the level at once (see kill_instance)
-            load_service "$name"
-            instance_pid
+        for i in "${!instances[@]}"; do  # the instances of the level at once (see kill_instance)
+            S_INSTANCE=${instances[i]} IPID=${ipids[i]}
             kill_instance
-            statuses+=("$RUNDIR/$name.status")
         done
         end_starters
         starters+=("${ENDING[@]}")
@@ -1311,77 +1316,96 @@ human_duration() {
     fi
 }
 
+# One row of `ps` for the service loaded, whose state is $2 and health $3: row $1 (the service's
+# index) of PS_ROWS, a JSON object, or 6 table cells from 6 * $1 on. Files read without a child.
+PS_JSON=0 PS_ROWS=()
+ps_row() {
+    local i=$1 st=$2 health=$3 status="" rc="" e ports="" addresses="" quoted="" cells=() row
+    { IFS= read -r status || true; } 2>/dev/null <"$RUNDIR/$S_NAME.status"
+    if [ "$st" != running ]; then
+        case "$S_TMP" in /*) e=$S_TMP ;; *) e=$HERE/$S_TMP ;; esac  # (tmp_dir, without a subshell)
+        { IFS= read -r rc || true; } 2>/dev/null <"$e/.c2s-exit"
+    fi
+    if [ "$S_ONESHOT" = 1 ]; then
+        case "$status" in
+            completed*) st=exited rc=${status#completed } ;;
+        esac
+    fi
+    if [ "$st" = absent ]; then
+        # gone without `down`: it ended or was killed; otherwise it is simply not running
+        case "$status" in
+            started | healthy) st=exited ;;
+            *) st=stopped ;;
+        esac
+    fi
+    UPTIME_S="" DURATION=""
+    if [ "$st" = running ] && process_age "$IPID"; then
+        human_duration "$UPTIME_S"
+        DURATION="Up $DURATION"
+    fi
+    for e in "${S_ENDPOINTS[@]}"; do
+        e=${e%\?}
+        ports+=${ports:+,}${e##*:}
+        addresses+=${addresses:+,}$e
+        json_str "$e"
+        quoted+=${quoted:+,}$JSON_STR
+    done
+    if [ "$PS_JSON" = 1 ]; then
+        case "$rc" in '' | *[!0-9-]*) rc=null ;; esac
+        for e in "$S_NAME" "$S_INSTANCE" "$st" "$health" "$DURATION"; do json_str "$e"; cells+=("$JSON_STR"); done
+        printf -v row '{"service":%s,"instance":%s,"state":%s,"exit_code":%s,"health":%s,"ports":[%s],"endpoints":[%s],"uptime":%s,"uptime_seconds":%s}' \
+            "${cells[0]}" "${cells[1]}" "${cells[2]}" "$rc" "${cells[3]}" "$ports" "$quoted" "${cells[4]}" "${UPTIME_S:-null}"
+        PS_ROWS[i]=$row
+    else
+        [ "$st" = exited ] && [ -n "$rc" ] && st="exited($rc)"  # killed: no code was written
+        cells=("$S_NAME" "$S_INSTANCE" "$st" "$health" "${addresses:--}" "${DURATION:--}")
+        for e in 0 1 2 3 4 5; do PS_ROWS[i * 6 + e]=${cells[e]}; done
+    fi
+}
+
 # Compose's ps: health as the last probe left it (the supervisor probes on each healthcheck's
 # schedule, so that `ps` runs none); only a service with no fresh result (no supervisor runs,
 # or its probe is late) is probed here, all of those at once. UPTIME: since its instance started.
+# Each service is loaded and its state read once (a service probed here is loaded again for its
+# result); the runtime is probed for what a probe needs only when one runs.
 cmd_ps() {
-    local json=0 name st health rc ports endpoints quoted e pid probes=() rows=() row w=() i cells
-    [ "${1:-}" = --format ] && [ "${2:-}" = json ] && json=1
-    detect_runtime
+    local health pid i rows=() w=() probes=() later=() probing=0
+    declare -A ipid_of=()
+    PS_JSON=0 PS_ROWS=()
+    [ "${1:-}" = --format ] && [ "${2:-}" = json ] && PS_JSON=1
+    detect_runtime --images-only
     mkdir -p "$RUNDIR"
     list_instances
     clean_stale ps
-    probe_tools
-    for name in "${SERVICES[@]}"; do
-        load_service "$name"
-        { [ ${#S_HEALTH[@]} -gt 0 ] && service_running && ! recorded_health; } || continue
-        { if health_once; then record_health healthy; else record_health unhealthy 1; fi; } &
-        probes+=($!)
+    for i in "${!SERVICES[@]}"; do
+        load_service "${SERVICES[i]}"
+        service_state
+        health=none
+        if [ ${#S_HEALTH[@]} -gt 0 ] && [ "$STATE_NOW" = running ]; then
+            if ! recorded_health; then  # its row once it is probed
+                [ "$probing" = 1 ] || { detect_runtime; probe_tools; probing=1; }
+                { if health_once; then record_health healthy; else record_health unhealthy 1; fi; } &
+                probes+=($!) later+=("$i") ipid_of[$i]=$IPID
+                continue
+            fi
+            health=$HEALTH_NOW
+        fi
+        ps_row "$i" "$STATE_NOW" "$health"
     done
     for pid in "${probes[@]}"; do wait "$pid"; done
-    for name in "${SERVICES[@]}"; do
-        load_service "$name"
-        service_state
-        st=$STATE_NOW
-        rc=""
-        [ "$st" = running ] || rc=$(exit_code)
-        health=none
-        if [ ${#S_HEALTH[@]} -gt 0 ] && [ "$st" = running ]; then
-            if recorded_health; then health=$HEALTH_NOW; else health=starting; fi
-        fi
-        if [ "$S_ONESHOT" = 1 ]; then
-            case "$(get_status "$name")" in
-                completed*) st=exited rc=$(get_status "$name"); rc=${rc#completed } ;;
-            esac
-        fi
-        if [ "$st" = absent ]; then
-            # gone without `down`: it ended or was killed; otherwise it is simply not running
-            case "$(get_status "$name")" in
-                started | healthy) st=exited ;;
-                *) st=stopped ;;
-            esac
-        fi
-        UPTIME_S="" DURATION=""
-        if [ "$st" = running ] && process_age "$IPID"; then
-            human_duration "$UPTIME_S"
-            DURATION="Up $DURATION"
-        fi
-        ports="" endpoints="" quoted=""
-        for e in "${S_ENDPOINTS[@]}"; do
-            e=${e%\?}
-            ports+=${ports:+,}${e##*:}
-            endpoints+=${endpoints:+,}$e
-            json_str "$e"
-            quoted+=${quoted:+,}$JSON_STR
-        done
-        if [ "$json" = 1 ]; then
-            case "$rc" in '' | *[!0-9-]*) rc=null ;; esac
-            cells=()
-            for e in "$name" "$S_INSTANCE" "$st" "$health" "$DURATION"; do json_str "$e"; cells+=("$JSON_STR"); done
-            printf -v row '{"service":%s,"instance":%s,"state":%s,"exit_code":%s,"health":%s,"ports":[%s],"endpoints":[%s],"uptime":%s,"uptime_seconds":%s}' \
-                "${cells[0]}" "${cells[1]}" "${cells[2]}" "$rc" "${cells[3]}" "$ports" "$quoted" "${cells[4]}" "${UPTIME_S:-null}"
-            rows+=("$row")
-        else
-            [ "$st" = exited ] && [ -n "$rc" ] && st="exited($rc)"  # killed: no code was written
-            rows+=("$name" "$S_INSTANCE" "$st" "$health" "${endpoints:--}" "${DURATION:--}")
-        fi
+    for i in "${later[@]}"; do
+        load_service "${SERVICES[i]}"
+        IPID=${ipid_of[$i]}
+        health=starting
+        recorded_health && health=$HEALTH_NOW
+        ps_row "$i" running "$health"
     done
-    if [ "$json" = 1 ]; then
-        (IFS=,; printf '[%s]\n' "${rows[*]}")
+    if [ "$PS_JSON" = 1 ]; then
+        (IFS=,; printf '[%s]\n' "${PS_ROWS[*]}")
         return 0
     fi
     # the table: each column as wide as its widest cell
-    rows=(SERVICE INSTANCE STATE HEALTH ADDRESS:PORT UPTIME "${rows[@]}")
+    rows=(SERVICE INSTANCE STATE HEALTH ADDRESS:PORT UPTIME "${PS_ROWS[@]}")
     w=(0 0 0 0 0 0)
     for i in "${!rows[@]}"; do ((${#rows[i]} > w[i % 6])) && w[i % 6]=${#rows[i]}; done
     for ((i = 0; i < ${#rows[@]}; i += 6)); do
