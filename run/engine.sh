@@ -1143,7 +1143,7 @@ stop_service() {
 stop_supervisor() {
     local pid="" start="" i
     { read -r pid start || true; } 2>/dev/null <"$RUNDIR/supervisor.pid"
-    [ -n "$pid" ] && proc_start "$pid" && [ "$PROC_START" = "$start" ] || return 0  # (clean_stale tells of it)
+    [ -n "$pid" ] && proc_start "$pid" && [ "$PROC_START" = "$start" ] || return 0  # (tell_stale tells of it)
     rm -f "$RUNDIR/supervisor.pid"
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || return 0
     for ((i = 0; i < 200; i++)); do
@@ -1169,9 +1169,11 @@ wait_reaped() {
 # is on disk: a status that says a service runs whose instance is gone, an instance whose root
 # filesystem went with a killed FUSE helper, a supervisor.pid naming a process that is not (or no
 # longer) our supervisor. One note says what was found; `up` and `down` ($1) clear the records
-# (they restart or remove such instances anyway), `ps` shows those services as exited.
+# (they restart or remove such instances anyway). `ps` finds the same in its own pass over the
+# services, shows them as exited and tells with tell_stale.
+STALE_KILLED=() STALE_LOST=()
 clean_stale() {
-    local name st killed=() lost=() pid="" start=""
+    local name st
     [ "$INSTANCES_LISTED" = 1 ] || list_instances
     for name in "${SERVICES[@]}"; do
         load_service "$name"
@@ -1179,7 +1181,7 @@ clean_stale() {
         instance_pid
         if [ -n "$IPID" ]; then
             root_lost || continue
-            lost+=("$name")
+            STALE_LOST+=("$name")
             # its processes still hold its endpoints: gone before `up` checks them (`down` stops it anyway)
             if [ "$1" = up ]; then
                 remove_instance
@@ -1190,16 +1192,23 @@ clean_stale() {
         fi
         st=""
         { IFS= read -r st || true; } 2>/dev/null <"$RUNDIR/$name.status"
-        case "$st" in started | healthy) killed+=("$name") ;; *) continue ;; esac
-        [ "$1" = ps ] || rm -f "$RUNDIR/$name.status" "$RUNDIR/$name.health" "$RUNDIR/$name.helpers"
+        case "$st" in started | healthy) STALE_KILLED+=("$name") ;; *) continue ;; esac
+        rm -f "$RUNDIR/$name.status" "$RUNDIR/$name.health" "$RUNDIR/$name.helpers"
     done
-    if [ ${#killed[@]} -gt 0 ]; then
+    tell_stale "$1"
+}
+
+# The notes of what a killed run left (STALE_KILLED, STALE_LOST), and a supervisor.pid that names
+# no supervisor of ours, forgotten here; $1: the command that found them.
+tell_stale() {
+    local name st pid="" start=""
+    if [ ${#STALE_KILLED[@]} -gt 0 ]; then
         case "$1" in
-            ps) note "${killed[*]}: ended without \`down\` (killed, or the node rebooted): no instance is left; \`up\` starts them again" ;;
-            *) note "${killed[*]}: ended without \`down\` (killed, or the node rebooted): their records are cleared" ;;
+            ps) note "${STALE_KILLED[*]}: ended without \`down\` (killed, or the node rebooted): no instance is left; \`up\` starts them again" ;;
+            *) note "${STALE_KILLED[*]}: ended without \`down\` (killed, or the node rebooted): their records are cleared" ;;
         esac
     fi
-    for name in "${lost[@]}"; do
+    for name in "${STALE_LOST[@]}"; do
         case "$1" in
             ps) st="counted as exited; \`up\` starts it again" ;;
             *) st="its instance is removed" ;;
@@ -1334,7 +1343,7 @@ ps_row() {
     if [ "$st" = absent ]; then
         # gone without `down`: it ended or was killed; otherwise it is simply not running
         case "$status" in
-            started | healthy) st=exited ;;
+            started | healthy) st=exited && [ "$S_ONESHOT" = 0 ] && STALE_KILLED+=("$S_NAME") ;;
             *) st=stopped ;;
         esac
     fi
@@ -1376,10 +1385,10 @@ cmd_ps() {
     detect_runtime --images-only
     mkdir -p "$RUNDIR"
     list_instances
-    clean_stale ps
     for i in "${!SERVICES[@]}"; do
         load_service "${SERVICES[i]}"
         service_state
+        [ "$STATE_NOW" = exited ] && [ -n "$IPID" ] && [ "$S_ONESHOT" = 0 ] && root_lost && STALE_LOST+=("$S_NAME")
         health=none
         if [ ${#S_HEALTH[@]} -gt 0 ] && [ "$STATE_NOW" = running ]; then
             if ! recorded_health; then  # its row once it is probed
@@ -1400,6 +1409,7 @@ cmd_ps() {
         recorded_health && health=$HEALTH_NOW
         ps_row "$i" running "$health"
     done
+    tell_stale ps
     if [ "$PS_JSON" = 1 ]; then
         (IFS=,; printf '[%s]\n' "${PS_ROWS[*]}")
         return 0
