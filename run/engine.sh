@@ -1158,6 +1158,7 @@ stop_supervisor() {
 # PID 1 takes to reap it.
 wait_reaped() {
     local i
+    [ -n "$1" ] || return 0  # (no starter of ours: the runtime stopped the instance)
     for ((i = 0; i < 100; i++)); do
         [ -e "/proc/$1" ] || return 0
         nap 0.05
@@ -1327,6 +1328,7 @@ human_duration() {
 
 # One row of `ps` for the service loaded, whose state is $2 and health $3: row $1 (the service's
 # index) of PS_ROWS, a JSON object, or 6 table cells from 6 * $1 on. Files read without a child.
+# A service whose status says it runs while no instance is left goes to STALE_KILLED (tell_stale).
 PS_JSON=0 PS_ROWS=()
 ps_row() {
     local i=$1 st=$2 health=$3 status="" rc="" e ports="" addresses="" quoted="" cells=() row
@@ -1822,12 +1824,15 @@ cmd_storage() {
 # their exit. Waiting costs one readlink per 0.2 s.
 LOCK_HELD=0
 take_project_lock() {
-    local me holder="" pid start what told=0
+    local me holder="" pid start what told=0 tries=0
     (umask 077 && mkdir -p "$RUNDIR")
     proc_start $$
     me="$$ $PROC_START $1"
     until ln -s "$me" "$RUNDIR/lock" 2>/dev/null; do
-        holder=$(readlink "$RUNDIR/lock" 2>/dev/null) || continue  # given back meanwhile
+        if ! holder=$(readlink "$RUNDIR/lock" 2>/dev/null); then  # given back meanwhile, or no lock can be made
+            ((++tries < 50)) || die "cannot make the lock $RUNDIR/lock (remove what is there, or make $RUNDIR writable)"
+            continue
+        fi
         read -r pid start what <<<"$holder"
         if [ -n "$pid" ] && proc_start "$pid" && [ "$PROC_START" = "$start" ]; then
             [ "$told" = 1 ] || note "waiting for \`$what\` of this project (pid $pid) to finish"

@@ -61,3 +61,15 @@ def test_ps_runs_beside_a_held_lock(project):  # noqa: F811
     result = run("ps")
     assert result.returncode == 0 and "waiting" not in result.stderr, result.stderr
     assert os.readlink(lock) == f"{os.getpid()} {start_time(os.getpid())} up"  # not taken, not removed
+
+
+def test_a_lock_that_cannot_be_made_ends_the_command_in_one_line(project):  # noqa: F811
+    tmp_path, run, _ = project
+    run("ps")
+    lock = lock_path(tmp_path)
+    lock.write_text("not a link\n")  # something that is no lock of run.sh's, in the lock's place
+    started = time.monotonic()
+    result = run("down")
+    assert result.returncode == 1 and time.monotonic() - started < 30
+    assert f"cannot make the lock {lock}" in result.stderr, result.stderr
+    assert lock.read_text() == "not a link\n"  # left as it was
