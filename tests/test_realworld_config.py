@@ -1,4 +1,4 @@
-"""`compose2sif config --format json` equals Docker Compose's on every key of the 18 real-world
+"""`compose2sif config --format json` equals Docker Compose's on every key of the 28 real-world
 projects in ../shared/realworld/ (third-party files, see each PROVENANCE.md), each loaded the way its
 README says (directory, -f files, profiles). Differences allowed: oracle.DOCUMENTED_DIFFERENCES only.
 
@@ -15,7 +15,11 @@ REALWORLD = Path(__file__).resolve().parent.parent.parent / "shared" / "realworl
 
 # name -> (directory in the project, docker compose arguments), from each PROVENANCE.md
 PROJECTS = {
+    "airflow": ("airflow", ["--profile", "flower"]),
     "anythingllm": ("anythingllm/docker", []),
+    "bisheng": ("bisheng/docker", ["-f", "docker-compose.yml", "-p", "bisheng"]),
+    "coze-studio": ("coze-studio/docker", ["-f", "docker-compose.yml"]),
+    "fastgpt": ("fastgpt", []),
     "flowise": ("flowise", ["-f", "docker-compose-queue-prebuilt.yml"]),
     "immich": ("immich", []),
     "immich-cuda": ("immich", ["-f", "docker-compose.cuda.yml"]),
@@ -27,13 +31,19 @@ PROJECTS = {
     "mem0": ("mem0/server", []),
     "n8n-ai-starter": ("n8n-ai-starter", ["--profile", "gpu-nvidia"]),
     "nextcloud-fpm": ("nextcloud-fpm", []),
+    "opik": ("opik/deployment/docker-compose", []),
     "onyx": ("onyx/deployment/docker_compose", []),
     "open-webui": ("open-webui", ["-f", "docker-compose.yaml", "-f", "docker-compose.gpu.yaml",
                                   "-f", "docker-compose.api.yaml"]),
+    "paperless-ngx": ("paperless-ngx/docker/compose", ["-f", "docker-compose.postgres-tika.yml"]),
     "plausible": ("plausible", []),
+    "qanything": ("qanything", ["-f", "docker-compose-linux.yaml"]),
+    "r2r": ("r2r/docker", ["-f", "compose.full.yaml", "--profile", "postgres"]),
     "ragflow": ("ragflow", []),
     "sentry-self-hosted": ("sentry-self-hosted", []),
     "supabase": ("supabase", []),
+    "temporal": ("temporal", ["-f", "docker-compose-multirole.yaml"]),
+    "zep-ce": ("zep-ce/legacy", ["-f", "docker-compose.ce.yaml"]),
     "zulip": ("zulip", []),
 }
 

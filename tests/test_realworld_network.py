@@ -1,4 +1,4 @@
-"""The network plan on 18 real-world projects (../shared/realworld/, each with a PROVENANCE.md), read
+"""The network plan on 28 real-world projects (../shared/realworld/, each with a PROVENANCE.md), read
 the way their READMEs run them. Each project either plans with no two endpoints colliding, nothing
 below 1024 and every reference to another service hitting one of its planned endpoints, or is
 refused with one line naming the clash and the x-compose2sif hint that fixes it.
@@ -19,7 +19,11 @@ REALWORLD = Path(__file__).resolve().parent.parent.parent / "shared" / "realworl
 
 # project -> (directory inside it, compose files, extra environment), as upstream runs it
 PROJECTS = {
+    "airflow": (".", ["docker-compose.yaml"], {"COMPOSE_PROFILES": "flower"}),
     "anythingllm": ("docker", ["docker-compose.yml"], {}),
+    "bisheng": ("docker", ["docker-compose.yml"], {}),
+    "coze-studio": ("docker", ["docker-compose.yml"], {}),
+    "fastgpt": (".", ["docker-compose.yml"], {}),
     "flowise": (".", ["docker-compose-queue-prebuilt.yml"], {}),
     "immich": (".", ["docker-compose.yml"], {}),
     "khoj": (".", ["docker-compose.yml"], {}),
@@ -30,12 +34,18 @@ PROJECTS = {
     "mem0": ("server", ["docker-compose.yaml"], {}),
     "n8n-ai-starter": (".", ["docker-compose.yml"], {"COMPOSE_PROFILES": "gpu-nvidia"}),
     "nextcloud-fpm": (".", ["compose.yaml"], {}),
+    "opik": ("deployment/docker-compose", ["docker-compose.yaml", "docker-compose.override.yaml"], {}),
     "onyx": ("deployment/docker_compose", ["docker-compose.yml"], {}),
     "open-webui": (".", ["docker-compose.yaml", "docker-compose.gpu.yaml", "docker-compose.api.yaml"], {}),
+    "paperless-ngx": ("docker/compose", ["docker-compose.postgres-tika.yml"], {}),
     "plausible": (".", ["compose.yml", "compose.override.yml"], {}),
+    "qanything": (".", ["docker-compose-linux.yaml"], {}),
+    "r2r": ("docker", ["compose.full.yaml"], {"COMPOSE_PROFILES": "postgres"}),
     "ragflow": (".", ["docker-compose.yml"], {}),
     "sentry-self-hosted": (".", ["docker-compose.yml"], {}),
     "supabase": (".", ["docker-compose.yml"], {}),
+    "temporal": (".", ["docker-compose-multirole.yaml"], {}),
+    "zep-ce": ("legacy", ["docker-compose.ce.yaml"], {}),
     "zulip": (".", ["compose.yaml", "compose.override.yaml"], {}),
 }
 
@@ -93,7 +103,14 @@ def check_plan(plan) -> None:
             assert (server, port) in listening, f"{client} names {server}:{port}, where {server} does not listen"
 
 
-@pytest.mark.parametrize("name", sorted(PROJECTS))
+# Known planner faults, each tied to the issue that fixes it; strict, so a fix shows here.
+KNOWN_FAULTS = {
+    "temporal": "issue 18: a build FROM its own image: name is refused as a cycle (Compose pulls the registry image)",
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_FAULTS[n]))
+                                  if n in KNOWN_FAULTS else n for n in sorted(PROJECTS)])
 def test_realworld_project_plans_soundly_or_is_refused_with_the_fix(name, tmp_path):
     project = _load(name, tmp_path)
     try:
