@@ -1,0 +1,186 @@
+"""Validation by the Compose Specification's JSON schema, as Docker Compose validates every file.
+
+The schema is the one Compose v2.40.3 embeds (spec/compose-spec.json, with its provenance in spec/README.md).
+It uses a small part of JSON Schema (draft 07): type, enum, pattern, minimum, maximum, properties,
+patternProperties, additionalProperties, required, items, uniqueItems, oneOf, $ref. This module interprets
+exactly those, so that `config` imports nothing more than the json module (a general validator costs more
+to import than the whole of `config` takes on a small project).
+
+Errors are worded and chosen as compose-go chooses them (schema/schema.go): of all failures, the deepest in
+the document wins (an `additionalProperties` failure counts one level deeper), the first one on a tie;
+``services.web.deploy.resources additional properties 'foo' not allowed``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+from compose2sif.load.yaml_source import is_timestamp
+
+SCHEMA_PATH = os.path.join(os.path.dirname(__file__), "spec", "compose-spec.json")
+
+# (specificity, instance path, message[, path of the line to report]): the failure compose-go would report.
+Failure = Tuple[Any, ...]
+
+_schema: Dict[str, Any] = {}
+_patterns: Dict[str, "re.Pattern[str]"] = {}
+
+
+def _root() -> Dict[str, Any]:
+    if not _schema:
+        with open(SCHEMA_PATH, encoding="utf-8") as fh:
+            _schema.update(json.load(fh))
+    return _schema
+
+
+def _pattern(text: str) -> "re.Pattern[str]":
+    compiled = _patterns.get(text)
+    if compiled is None:
+        compiled = _patterns[text] = re.compile(text)
+    return compiled
+
+
+def _resolve(ref: str) -> Dict[str, Any]:
+    node: Any = _root()
+    for part in ref.lstrip("#/").split("/"):
+        node = node[part]
+    return node
+
+
+def _json_type(value: Any) -> Optional[str]:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "integer" if value.is_integer() else "number"
+    if isinstance(value, str):
+        return None if is_timestamp(value) else "string"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    return None
+
+
+def _type_name(want: List[str]) -> str:
+    """compose-go's humanReadableType: object is a mapping; several types sorted, 'a, b or c'."""
+    names = sorted("mapping" if w == "object" else w for w in want)
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _quote(value: Any) -> str:
+    return f"'{value}'" if isinstance(value, str) else json.dumps(value)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _better(best: Optional[Failure], other: Optional[Failure]) -> Optional[Failure]:
+    if other is None:
+        return best
+    return other if best is None or other[0] > best[0] else best
+
+
+def _check(schema: Dict[str, Any], value: Any, path: Tuple[str, ...]) -> Optional[Failure]:
+    """The most specific failure of ``value`` against ``schema``, or None when it is valid."""
+    ref = schema.get("$ref")
+    if ref is not None:  # draft 07: a $ref's siblings are ignored (the schema has none but descriptions)
+        return _check(_resolve(ref), value, path)
+    want = schema.get("type")
+    kind = _json_type(value)
+    if want is not None:
+        wanted = want if isinstance(want, list) else [want]
+        if kind not in wanted and not (kind == "integer" and "number" in wanted):
+            if kind is None:
+                message = f"must be a {_type_name(wanted)} (a date is not a string here: quote it)"
+            else:
+                message = f"must be a {_type_name(wanted)}"
+            return len(path), path, message
+    best: Optional[Failure] = None
+    if "enum" in schema and value not in schema["enum"]:
+        best = _better(best, (len(path), path, "value must be one of " + ", ".join(map(_quote, schema["enum"]))))
+    if kind == "string" and "pattern" in schema and not _pattern(schema["pattern"]).search(value):
+        best = _better(best, (len(path), path, f"'{value}' does not match pattern '{schema['pattern']}'"))
+    if kind in ("integer", "number"):
+        if "minimum" in schema and value < schema["minimum"]:
+            best = _better(best, (len(path), path, f"must be greater than or equal to {_number(schema['minimum'])}"))
+        if "maximum" in schema and value > schema["maximum"]:
+            best = _better(best, (len(path), path, f"must be less than or equal to {_number(schema['maximum'])}"))
+    if kind == "object":
+        best = _better(best, _check_object(schema, value, path))
+    elif kind == "array":
+        best = _better(best, _check_array(schema, value, path))
+    branches = schema.get("oneOf")
+    if branches is not None:
+        # The schema's oneOf branches never overlap (each is a different type or shape), so the first valid
+        # branch is the only one.
+        found: Optional[Failure] = None
+        for branch in branches:
+            failure = _check(branch, value, path)
+            if failure is None:
+                found = None
+                break
+            found = _better(found, failure)
+        best = _better(best, found)
+    return best
+
+
+def _check_object(schema: Dict[str, Any], value: Dict[Any, Any], path: Tuple[str, ...]) -> Optional[Failure]:
+    best: Optional[Failure] = None
+    required = [key for key in schema.get("required", ()) if key not in value]
+    if required:
+        noun = "property" if len(required) == 1 else "properties"
+        best = (len(path), path, f"missing {noun} " + ", ".join(map(_quote, required)))
+    properties = schema.get("properties") or {}
+    patterns = schema.get("patternProperties") or {}
+    additional = schema.get("additionalProperties", True)
+    extra: List[str] = []
+    for key, item in value.items():
+        key = str(key)
+        matched = False
+        sub = properties.get(key)
+        if sub is not None:
+            matched = True
+            best = _better(best, _check(sub, item, path + (key,)))
+        for pattern, sub in patterns.items():
+            if _pattern(pattern).search(key):
+                matched = True
+                best = _better(best, _check(sub, item, path + (key,)))
+        if not matched:
+            if additional is False:
+                extra.append(key)
+            elif isinstance(additional, dict):
+                best = _better(best, _check(additional, item, path + (key,)))
+    if extra:
+        # compose-go says "properties" even for one; the line reported is the first extra key's
+        best = _better(best, (len(path) + 1, path, "additional properties " + ", ".join(map(_quote, extra)) +
+                              " not allowed", path + (extra[0],)))
+    return best
+
+
+def _check_array(schema: Dict[str, Any], value: List[Any], path: Tuple[str, ...]) -> Optional[Failure]:
+    best: Optional[Failure] = None
+    items = schema.get("items")
+    if isinstance(items, dict):
+        for index, item in enumerate(value):
+            best = _better(best, _check(items, item, path + (str(index),)))
+    if schema.get("uniqueItems"):
+        seen: Dict[str, int] = {}
+        for index, item in enumerate(value):
+            key = json.dumps(item, sort_keys=True, default=str)
+            if key in seen:
+                best = _better(best, (len(path), path, f"items at {seen[key]} and {index} are equal"))
+                break
+            seen[key] = index
+    return best
+
+
+def schema_failure(model: Dict[str, Any]) -> Optional[Failure]:
+    """What Compose's schema rejects in ``model`` (a whole compose file, merged), or None."""
+    return _check(_root(), model, ())
