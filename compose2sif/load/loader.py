@@ -33,7 +33,7 @@ from compose2sif.load.interpolate import interpolate_tree
 from compose2sif.load.merge import apply_resets, collect_resets, enforce_unicity, merge_mappings
 from compose2sif.load.normalize import normalize, resolve_list_environment
 from compose2sif.load.paths import resolve_paths
-from compose2sif.load.profiles import has_profile
+from compose2sif.load.profiles import has_profile, selected_profiles
 from compose2sif.load.validate import go_quote, validate
 from compose2sif.load.yaml_source import Document
 from compose2sif.support import unsupported_warnings
@@ -146,13 +146,7 @@ def _load_project(options: ProjectOptions, known_files: List[str]) -> Project:
         raise ComposeError("reading a compose file from standard input is not supported; pass a path")
     default_dir = project_dir or (os.path.dirname(files[0]) if files else cwd)
 
-    if options.env_files:
-        env_paths = [absolute(f, cwd) for f in options.env_files]
-    elif str(environ.get("COMPOSE_DISABLE_ENV_FILE", "")).lower() in ("1", "true"):
-        env_paths = []
-    else:
-        default_env = os.path.join(default_dir, ".env")
-        env_paths = [default_env] if os.path.isfile(default_env) else []
+    env_paths = _env_files(options, environ, cwd, default_dir)
     environment = dict(read_env_files(env_paths, environ))
     environment.update(environ)  # the host environment wins over .env
 
@@ -163,6 +157,13 @@ def _load_project(options: ProjectOptions, known_files: List[str]) -> Project:
         files = discover(default_dir)
     working_dir = project_dir or os.path.dirname(files[0])
     known_files.extend(files)
+    # Compose reads the .env again once the files are known: the project directory's, when it is not the
+    # one read above (a compose file found in a parent directory, or named by COMPOSE_FILE); values
+    # already set win.
+    project_env = [p for p in _env_files(options, environ, cwd, working_dir) if p not in env_paths]
+    for key, value in read_env_files(project_env, environment).items():
+        environment.setdefault(key, value)
+    env_paths += project_env
 
     ctx = LoadContext()
     if options.project_name:
@@ -186,8 +187,7 @@ def _load_project(options: ProjectOptions, known_files: List[str]) -> Project:
                            ).located(files[0])
     environment["COMPOSE_PROJECT_NAME"] = name
 
-    profiles = list(options.profiles) or [p.strip() for p in environment.get("COMPOSE_PROFILES", "").split(",")]
-    profiles = [p for p in profiles if p]
+    profiles = selected_profiles(options.profiles, environment)
 
     model = _Loader(ctx, environment, working_dir).load_model(files)
     if not model:
@@ -220,6 +220,16 @@ def _load_project(options: ProjectOptions, known_files: List[str]) -> Project:
 
     return Project(name=name, working_dir=working_dir, files=files, environment=environment, model=model,
                    config=config, disabled=disabled, profiles=profiles, warnings=ctx.warnings, origins=ctx.origins)
+
+
+def _env_files(options: ProjectOptions, environ: Dict[str, str], cwd: str, directory: str) -> List[str]:
+    """--env-file's files, else the directory's .env (unless COMPOSE_DISABLE_ENV_FILE)."""
+    if options.env_files:
+        return [absolute(f, cwd) for f in options.env_files]
+    if str(environ.get("COMPOSE_DISABLE_ENV_FILE", "")).lower() in ("1", "true"):
+        return []
+    default_env = os.path.join(directory, ".env")
+    return [default_env] if os.path.isfile(default_env) else []
 
 
 def _locate(exc: ComposeError, ctx: LoadContext) -> ComposeError:
