@@ -52,18 +52,37 @@ def check_consistency(model: Dict[str, Any], disabled: Dict[str, Any]) -> None:
                 raise ComposeError(f"target {target} already mounted as {mounts[target]}", path=f"{where}.volumes")
             mounts[target] = f"{where}.volumes[{i}]"
         _check_resource_duplicates(name, service)
+        build = service.get("build") if isinstance(service.get("build"), dict) else {}
+        platform = service.get("platform")
+        if platform and build.get("platforms") and platform not in build["platforms"]:
+            raise ComposeError(f"build.platforms must include the service's platform {go_quote(platform)}",
+                               path=f"{where}.build.platforms")
         replicas = service.get("scale") if service.get("scale") is not None else \
             (service.get("deploy") or {}).get("replicas") if isinstance(service.get("deploy"), dict) else None
         if service.get("container_name") and isinstance(replicas, int) and replicas > 1:
             attribute = "scale" if service.get("scale") is not None else "deploy.replicas"
             raise ComposeError(f"can't set container_name and {attribute} as container name must be unique",
                                path=where)
+    _check_container_names(services)
     for name, secret in (model.get("secrets") or {}).items():
         if isinstance(secret, dict) and not secret.get("external") and not secret.get("file") \
                 and not secret.get("environment"):
             raise ComposeError(f"secret {go_quote(name)} must declare either `file` or `environment`",
                                path=f"secrets.{name}")
     _check_cycles(services)
+
+
+def _check_container_names(services: Dict[str, Any]) -> None:
+    """Two services may not name their containers alike (compose-go's checkConsistency)."""
+    owners: Dict[str, str] = {}
+    for name, service in services.items():
+        container = service.get("container_name")
+        if not container:
+            continue
+        if container in owners:
+            raise ComposeError(f"container name {go_quote(container)} is already in use by service "
+                               f"{go_quote(owners[container])}", path=f"services.{name}.container_name")
+        owners[container] = name
 
 
 def _check_resource_duplicates(name: str, service: Dict[str, Any]) -> None:

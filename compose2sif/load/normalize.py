@@ -88,6 +88,10 @@ def normalize(model: Dict[str, Any], name: str, environment: Dict[str, str]) -> 
                                       {"condition": "service_started", "restart": False, "required": True})
         if depends_on:
             service["depends_on"] = depends_on
+        image = service.get("image")
+        for hook in service.get("pre_start") or []:  # a step without an image runs the service's
+            if isinstance(image, str) and image and isinstance(hook, dict) and "image" not in hook:
+                hook["image"] = image
     for kind in ("networks", "volumes", "configs", "secrets"):
         section = model.get(kind)
         if not isinstance(section, dict):

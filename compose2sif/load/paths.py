@@ -7,12 +7,38 @@ from typing import Any, Dict
 from compose2sif.errors import ComposeError
 
 
-def _abs_path(value: Any, base: str) -> Any:
+def _abs_path(value: Any, base: str, windows_aware: bool = False) -> Any:
+    """``value`` made absolute against ``base``. Where Compose accepts a Windows client's paths (bind
+    sources, secret and config files, ssh keys), a Windows absolute path (``C:\\data``) is kept as written."""
     if not isinstance(value, str) or value == "":
         return value
     if value.startswith("~"):  # Compose cleans a path it expanded or joined, and keeps an absolute one as written
         return os.path.normpath(os.path.expanduser(value))
-    return value if os.path.isabs(value) else os.path.normpath(os.path.join(base, value))
+    if os.path.isabs(value) or windows_aware and is_windows_absolute(value):
+        return value
+    return os.path.normpath(os.path.join(base, value))
+
+
+def is_windows_absolute(path: str) -> bool:
+    """A drive letter then a separator (``C:\\``, ``C:/``), or a UNC or device path (``\\\\host\\share``)."""
+    separators = "\\/"
+    if len(path) >= 3 and path[1] == ":" and path[2] in separators:
+        return True
+    return len(path) > 2 and path[0] in separators and path[1] in separators
+
+
+def _ssh_keys(value: Any, base: str) -> Any:
+    """build.ssh as a list of ``id=path`` (``default`` alone forwards the agent), each path absolute.
+    The mapping form ``{id: path}`` is written the same way."""
+    if isinstance(value, dict):
+        value = [str(k) if v is None else f"{k}={v}" for k, v in value.items()]
+    if not isinstance(value, list):
+        return value
+    keys = []
+    for entry in value:
+        key, found, path = str(entry).partition("=")
+        keys.append(f"{key}={_abs_path(path, base, windows_aware=True)}" if found and path else str(entry))
+    return keys
 
 
 def _is_remote_context(value: str) -> bool:
@@ -29,6 +55,8 @@ def resolve_paths(model: Dict[str, Any], base: str) -> None:
             ctx = build.get("context")
             if isinstance(ctx, str) and not _is_remote_context(ctx):
                 build["context"] = _abs_path(ctx, base)
+            if "ssh" in build:
+                build["ssh"] = _ssh_keys(build["ssh"], base)
             extra = build.get("additional_contexts")
             if isinstance(extra, dict):
                 for key, value in extra.items():
@@ -51,11 +79,11 @@ def resolve_paths(model: Dict[str, Any], base: str) -> None:
                 if "source" not in volume:
                     raise ComposeError('invalid mount config for type "bind": field source must not be empty',
                                        path="services.volumes")
-                volume["source"] = _abs_path(volume["source"], base)
+                volume["source"] = _abs_path(volume["source"], base, windows_aware=True)
     for kind in ("configs", "secrets"):
         for resource in (model.get(kind) or {}).values():
             if isinstance(resource, dict) and isinstance(resource.get("file"), str):
-                resource["file"] = _abs_path(resource["file"], base)
+                resource["file"] = _abs_path(resource["file"], base, windows_aware=True)
     for volume in (model.get("volumes") or {}).values():
         if isinstance(volume, dict) and volume.get("driver") == "local":
             opts = volume.get("driver_opts")
