@@ -35,6 +35,9 @@ def check_consistency(model: Dict[str, Any], disabled: Dict[str, Any]) -> None:
             if volume.get("type") == "volume" and volume.get("source"):
                 if volume["source"] not in (model.get("volumes") or {}):
                     raise ComposeError(f"refers to undefined volume {volume['source']!r}", path=f"{where}.volumes")
+        for model_name in service.get("models") or {}:
+            if model_name not in (model.get("models") or {}):
+                raise ComposeError(f"refers to undefined model {model_name!r}", path=f"{where}.models")
         for kind in ("secrets", "configs"):
             for ref in service.get(kind) or []:
                 source = ref.get("source") if isinstance(ref, dict) else ref

@@ -233,6 +233,9 @@ def _deploy(value: Any, path: str) -> Dict[str, Any]:
         elif key == "replicas":
             if item is not None:
                 out[key] = _int(item, where)
+        elif key == "labels":
+            if item:
+                out[key] = _labels(item, where)
         elif item not in (None, ""):
             out[key] = item
     out.setdefault("resources", {})

@@ -38,13 +38,15 @@ def _extend(loader, name: str, services: Dict[str, Any], filename: str, working_
         raise ComposeError(f"circular reference in extends of service {name!r}",
                            path=f"services.{name}.extends")
     chain = chain + ((filename, name),)
-    base_services, base_file, base_dir = services, filename, working_dir
+    base_services, base_file, base_dir, base_resets = services, filename, working_dir, reset_paths
     if other_file is not None:
         base_file = absolute(str(other_file), working_dir)
         base_dir = os.path.dirname(base_file)
         base_model: Dict[str, Any] = {}
+        base_resets = []  # the other file's own !reset markers act on what its services extend
         for other in loader.ctx.documents_of(base_file):
-            other_data, _ = collect_resets(other.data)
+            other_data, other_resets = collect_resets(other.data)
+            base_resets += other_resets
             base_model = merge_mappings(base_model, interpolate_tree(other_data, loader.lookup), ())
         base_model = canonical(enforce_unicity(base_model))
         base_services = base_model.get("services")
@@ -58,7 +60,7 @@ def _extend(loader, name: str, services: Dict[str, Any], filename: str, working_
     elif ref not in services:
         raise ComposeError(f"cannot extend service {name!r}: service {ref!r} not found",
                            path=f"services.{name}.extends")
-    base = _extend(loader, ref, base_services, base_file, base_dir, reset_paths, chain)
+    base = _extend(loader, ref, base_services, base_file, base_dir, base_resets, chain)
     if base is None:
         return service
     source = _clone(base)
