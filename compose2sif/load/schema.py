@@ -42,14 +42,22 @@ def _pattern(text: str) -> "re.Pattern[str]":
     return compiled
 
 
+_refs: Dict[str, Dict[str, Any]] = {}
+
+
 def _resolve(ref: str) -> Dict[str, Any]:
-    node: Any = _root()
-    for part in ref.lstrip("#/").split("/"):
-        node = node[part]
+    node = _refs.get(ref)
+    if node is None:
+        node = _root()
+        for part in ref.lstrip("#/").split("/"):
+            node = node[part]
+        _refs[ref] = node
     return node
 
 
 def _json_type(value: Any) -> Optional[str]:
+    if type(value) is str:  # the common case first (a Timestamp is a str subclass)
+        return "string"
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -87,8 +95,37 @@ def _better(best: Optional[Failure], other: Optional[Failure]) -> Optional[Failu
     return other if best is None or other[0] > best[0] else best
 
 
+_TYPE_ONLY = {"type", "description", "deprecated"}
+# id(schema) -> (allowed JSON types, the message when none is met) for a schema that only checks a type (or a
+# oneOf of such schemas, whose failures all lie at the value itself: the first branch's is reported); else None.
+_type_checks: Dict[int, Optional[Tuple[Tuple[str, ...], str]]] = {}
+
+
+def _type_check(schema: Dict[str, Any]) -> Optional[Tuple[Tuple[str, ...], str]]:
+    if "$ref" in schema:
+        return _type_check(_resolve(schema["$ref"]))
+    branches = schema.get("oneOf", [schema]) if set(schema) <= _TYPE_ONLY | {"oneOf"} else None
+    if not branches or any("oneOf" in b or "$ref" in b or not set(b) <= _TYPE_ONLY or "type" not in b
+                           for b in branches):
+        return None
+    wanted: Tuple[str, ...] = ()
+    for branch in branches:
+        wanted += tuple(branch["type"]) if isinstance(branch["type"], list) else (branch["type"],)
+    first = branches[0]["type"]
+    return wanted, f"must be a {_type_name(first if isinstance(first, list) else [first])}"
+
+
 def _check(schema: Dict[str, Any], value: Any, path: Tuple[str, ...]) -> Optional[Failure]:
     """The most specific failure of ``value`` against ``schema``, or None when it is valid."""
+    key = id(schema)
+    if key not in _type_checks:
+        _type_checks[key] = _type_check(schema)
+    simple = _type_checks[key]
+    if simple is not None:
+        kind = _json_type(value)
+        if kind in simple[0] or kind == "integer" and "number" in simple[0]:
+            return None
+        return len(path), path, simple[1] + ("" if kind else " (a date is not a string here: quote it)")
     ref = schema.get("$ref")
     if ref is not None:  # draft 07: a $ref's siblings are ignored (the schema has none but descriptions)
         return _check(_resolve(ref), value, path)
@@ -131,15 +168,26 @@ def _check(schema: Dict[str, Any], value: Any, path: Tuple[str, ...]) -> Optiona
     return best
 
 
+# id(schema) -> its properties, its patternProperties compiled, its additionalProperties
+_object_checks: Dict[int, Tuple[Dict[str, Any], List[Tuple[Any, Dict[str, Any]]], Any]] = {}
+
+
+def _object_check(schema: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Tuple[Any, Dict[str, Any]]], Any]:
+    found = _object_checks.get(id(schema))
+    if found is None:
+        patterns = [(_pattern(p).search, sub) for p, sub in (schema.get("patternProperties") or {}).items()]
+        found = _object_checks[id(schema)] = (schema.get("properties") or {}, patterns,
+                                              schema.get("additionalProperties", True))
+    return found
+
+
 def _check_object(schema: Dict[str, Any], value: Dict[Any, Any], path: Tuple[str, ...]) -> Optional[Failure]:
     best: Optional[Failure] = None
     required = [key for key in schema.get("required", ()) if key not in value]
     if required:
         noun = "property" if len(required) == 1 else "properties"
         best = (len(path), path, f"missing {noun} " + ", ".join(map(_quote, required)))
-    properties = schema.get("properties") or {}
-    patterns = schema.get("patternProperties") or {}
-    additional = schema.get("additionalProperties", True)
+    properties, patterns, additional = _object_check(schema)
     extra: List[str] = []
     for key, item in value.items():
         key = str(key)
@@ -147,11 +195,16 @@ def _check_object(schema: Dict[str, Any], value: Dict[Any, Any], path: Tuple[str
         sub = properties.get(key)
         if sub is not None:
             matched = True
-            best = _better(best, _check(sub, item, path + (key,)))
-        for pattern, sub in patterns.items():
-            if _pattern(pattern).search(key):
+            failure = _check(sub, item, path + (key,))
+            if failure is not None:
+                best = _better(best, failure)
+        for search, sub in patterns:
+            if search(key):
                 matched = True
-                best = _better(best, _check(sub, item, path + (key,)))
+                if sub:  # `{}` (the extensions' schema) accepts anything
+                    failure = _check(sub, item, path + (key,))
+                    if failure is not None:
+                        best = _better(best, failure)
         if not matched:
             if additional is False:
                 extra.append(key)
