@@ -11,6 +11,7 @@ rejects, crashes) and each case that is not equal.
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -154,6 +155,15 @@ pytestmark = oracle_mark()
 def test_the_fixtures_are_there():
     assert FIXTURES.is_dir(), f"{FIXTURES} is missing: ../shared must be beside the repository"
     assert len(CASES) >= 280
+
+
+def test_vendored_schema_is_the_one_docker_compose_embeds():
+    """compose2sif/load/spec/compose-spec.json is the oracle's own schema, plus pre_start (compose-go v2.13)."""
+    from test_support_table import compose_spec_schema
+    vendored = json.loads((REPO / "compose2sif" / "load" / "spec" / "compose-spec.json").read_text())
+    del vendored["definitions"]["service"]["properties"]["pre_start"]
+    del vendored["definitions"]["pre_start_hook"]
+    assert vendored == compose_spec_schema()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.label for c in CASES])
