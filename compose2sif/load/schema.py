@@ -224,14 +224,25 @@ def _check_array(schema: Dict[str, Any], value: List[Any], path: Tuple[str, ...]
         for index, item in enumerate(value):
             best = _better(best, _check(items, item, path + (str(index),)))
     if schema.get("uniqueItems"):
-        seen: Dict[str, int] = {}
+        seen: Dict[Any, int] = {}
         for index, item in enumerate(value):
-            key = json.dumps(item, sort_keys=True, default=str)
+            key = _unique_key(item)
             if key in seen:
                 best = _better(best, (len(path), path, f"items at {seen[key]} and {index} are equal"))
                 break
             seen[key] = index
     return best
+
+
+def _unique_key(item: Any) -> Any:
+    """Equal for items JSON Schema holds equal (1 and 1.0, not 1 and true); cheap for scalars."""
+    if isinstance(item, bool) or item is None:
+        return ("b", item)
+    if isinstance(item, (int, float)):
+        return ("n", item)
+    if isinstance(item, str):
+        return ("s", str(item))
+    return ("j", json.dumps(item, sort_keys=True, default=str))
 
 
 def schema_failure(model: Dict[str, Any]) -> Optional[Failure]:
