@@ -103,6 +103,7 @@ SERVICE_KEYS: Dict[str, KeySupport] = {
                 "(privileged, published on another port, or a clash with a service that listens on all "
                 "addresses), and the service and its clients are told; published ports bind on their host_ip"),
     "post_start": _u("lifecycle hooks are not run; ignored"),
+    "pre_start": _u("init containers are not run yet: the service starts without its pre_start steps"),
     "pre_stop": _u("lifecycle hooks are not run; ignored"),
     "privileged": _u("an unprivileged user cannot run privileged instances; ignored"),
     "profiles": _h("services are enabled with --profile or COMPOSE_PROFILES"),

@@ -26,6 +26,9 @@ DOCUMENTED_DIFFERENCES = {
     "services.*.x-*": "Compose's JSON drops a service's extension keys (its YAML keeps them); compose2sif "
                       "keeps them in both formats, so that YAML and JSON say the same and the x-compose2sif "
                       "hints stay with their service.",
+    "services.*.**.x-*": "Compose's JSON also drops extension keys nested in a service (a watch rule's "
+                         "`x-initialSync`, a hook's `x-*`; its YAML keeps them); compose2sif keeps them, as for a "
+                         "service's own.",
     "labels.x-*": "Compose's Go types take a label whose name starts with `x-` for an extension and print it "
                   "under an internal `#extensions` key; compose2sif keeps it a label. Random projects leave "
                   "such names out.",
@@ -121,12 +124,25 @@ def _walk(ours: Any, theirs: Any, path: str, problems: List[str]) -> None:
         problems.append(f"{path}:\n  ours   {json.dumps(ours, sort_keys=True)}\n  oracle {json.dumps(theirs, sort_keys=True)}")
 
 
+# Service keys whose mappings hold user data, where a name starting with `x-` is not an extension.
+_USER_MAPPINGS = {"labels", "annotations", "environment", "sysctls", "args", "driver_opts", "networks",
+                  "extra_hosts", "options", "depends_on", "secrets", "configs", "models", "additional_contexts"}
+
+
+def _without_extensions(value: Any, key: str = "") -> Any:
+    if isinstance(value, list):
+        return [_without_extensions(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    return {k: _without_extensions(v, str(k)) for k, v in value.items()
+            if key in _USER_MAPPINGS or not str(k).startswith("x-")}
+
+
 def differences(ours: Dict[str, Any], theirs: Dict[str, Any]) -> List[str]:
     """Every difference between our `config --format json` and the oracle's, on every key, less
     DOCUMENTED_DIFFERENCES."""
     theirs = unescape(theirs)
-    ours = {**ours, "services": {name: {k: v for k, v in service.items() if not k.startswith("x-")}
-                                 for name, service in ours.get("services", {}).items()}}
+    ours = {**ours, "services": {name: _without_extensions(service) for name, service in ours.get("services", {}).items()}}
     problems: List[str] = []
     _walk(ours, theirs, "", problems)
     return problems

@@ -31,7 +31,8 @@ def test_every_schema_service_key_is_classified():
     assert len(keys) > 80
     missing = sorted(keys - set(SERVICE_KEYS))
     assert not missing, f"Compose service keys with no support classification: {missing}"
-    stale = sorted(set(SERVICE_KEYS) - keys)
+    # pre_start is newer than the oracle (compose-go v2.13; the loader's vendored schema adds it)
+    stale = sorted(set(SERVICE_KEYS) - keys - {"pre_start"})
     assert not stale, f"classified keys the Compose Specification does not have: {stale}"
 
 

@@ -233,6 +233,9 @@ def _deploy(value: Any, path: str) -> Dict[str, Any]:
         elif key == "replicas":
             if item is not None:
                 out[key] = _int(item, where)
+        elif key == "labels":
+            if item:
+                out[key] = _labels(item, where)
         elif item not in (None, ""):
             out[key] = item
     out.setdefault("resources", {})
@@ -378,14 +381,30 @@ def _build(value: Any, path: str) -> Any:
 def _develop(value: Any, path: str) -> Any:
     """Each watch rule carries an `exec` hook in Compose's model, printed even when unset."""
     if isinstance(value, dict) and isinstance(value.get("watch"), list):
-        watch = [{**rule, "exec": rule.get("exec") or {"command": None}} if isinstance(rule, dict) else rule
-                 for rule in value["watch"]]
+        watch = [{**rule, "exec": _watch_exec(rule.get("exec"), f"{path}.watch[{i}].exec")}
+                 if isinstance(rule, dict) else rule for i, rule in enumerate(value["watch"])]
         return {**value, "watch": watch}
     return value
 
 
+def _watch_exec(value: Any, path: str) -> Any:
+    """A watch rule's `exec` hook, read as a service hook (Compose prints its command even when unset)."""
+    if not isinstance(value, dict) or not value:
+        return {"command": None}
+    return {"command": None, **_hooks([value], path)[0]}
+
+
+def _provider(value: Any, path: str) -> Any:
+    """Compose holds each provider option as a list of strings (a scalar becomes a list of one)."""
+    if not isinstance(value, dict) or not isinstance(value.get("options"), dict):
+        return value
+    options = {key: [go_str(v) for v in (item if isinstance(item, list) else [item])]
+               for key, item in value["options"].items()}
+    return {**value, "options": options}
+
+
 def _hooks(value: Any, path: str) -> Any:
-    """post_start / pre_stop: each command split like `command`, its environment a mapping."""
+    """pre_start / post_start / pre_stop: each command split like `command`, its environment a mapping."""
     if not isinstance(value, list):
         return value
     hooks = []
@@ -414,7 +433,7 @@ def _blkio(value: Any, path: str) -> Any:
 
 
 _ENCODERS: Dict[str, Callable[[Any, str], Any]] = {
-    "post_start": _hooks, "pre_stop": _hooks, "blkio_config": _blkio,
+    "pre_start": _hooks, "post_start": _hooks, "pre_stop": _hooks, "blkio_config": _blkio, "provider": _provider,
     "develop": _develop, "cpus": _cpus, "stop_grace_period": _duration,
     "labels": _labels, "annotations": _labels, "sysctls": _labels, "logging": _logging,
     "dns": _strings, "dns_search": _strings, "dns_opt": _strings, "tmpfs": _strings, "expose": _strings,
