@@ -11,8 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, NamedTuple, Optional, Sequence, Tuple
 
 from compose2sif.errors import ComposeError
 from compose2sif.load import Project, ProjectOptions, load_project
@@ -24,11 +23,10 @@ if TYPE_CHECKING:
 # the project through here, and `config` must stay quick (it is measured against Docker Compose).
 
 
-@dataclass
-class ConvertOptions:
+class ConvertOptions(NamedTuple):  # not a dataclass: `config` does not import dataclasses
     output: Optional[str] = None                                # default: ./compose2sif-PROJECT
     registry_mirror: Optional[str] = None
-    image_sources: List[str] = field(default_factory=list)      # SERVICE=KIND:PATH
+    image_sources: Sequence[str] = ()                           # SERVICE=KIND:PATH
     port_base: Optional[int] = None
     address_block: Optional[str] = None                         # 127.A.B.0/24 as the user wrote it
     offline: bool = False                                       # ask no registry
@@ -36,7 +34,7 @@ class ConvertOptions:
     tls_cert: Optional[str] = None
     tls_key: Optional[str] = None
     preset: Optional[str] = None                                # default: detected from the images
-    ssrf_allow: List[str] = field(default_factory=list)
+    ssrf_allow: Sequence[str] = ()
 
 
 @contextlib.contextmanager
@@ -112,7 +110,7 @@ def convert(project_options: ProjectOptions, options: ConvertOptions,
     return plan, out_dir
 
 
-def _image_sources(items: List[str]) -> Dict[str, str]:
+def _image_sources(items: Sequence[str]) -> Dict[str, str]:
     sources = {}
     for item in items:
         service, sep, spec = item.partition("=")
