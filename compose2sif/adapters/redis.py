@@ -61,10 +61,11 @@ def _password_to_file(draft: Draft) -> List[str]:
 
 def _cli_auth(test: List[str], env: Dict[str, str]) -> List[str]:
     """`redis-cli -a SECRET`: authenticate through REDISCLI_AUTH (CLI.variable) instead."""
-    if test and test[0] == "CMD" and "-a" in test[:-1]:
-        i = test.index("-a")
-        env.setdefault(CLI.variable, test[i + 1])
-        return test[:i] + test[i + 2:]
+    if test and test[0] == "CMD":
+        kept, secret = CLI.take_password(test[1:])
+        if secret is not None:
+            env.setdefault(CLI.variable, secret)
+            return [test[0], *kept]
     if test and test[0] == "CMD-SHELL":
         match = re.search(r"\s-a\s+(\"[^\"]*\"|'[^']*'|\S+)", test[1])
         if match:
