@@ -55,6 +55,7 @@ class Discovery:
     image_of: Dict[str, str]                        # service -> image key
     presets: Set[str]
     adapters: Dict[str, Optional[Adapter]]
+    model_servers: Dict[str, str]                   # services that serve models -> their family
     names: Dict[str, List[str]]                     # service -> its names (service, container_name, hostname, aliases)
     launches: Dict[str, Optional[List[str]]]
     nets: Dict[str, ServiceNet]
@@ -93,7 +94,8 @@ def discover(project: Project, options: PlanOptions) -> Discovery:
         config = options.image_configs.get(service.image or "")
         exposed = list(images[image_of[name]].exposed) + (list(config.exposed) if config else [])
         nets[name] = knobs.service_net(service, adapters[name], launches[name], exposed, found[name], names[name])
-    return Discovery(services, images, image_of, presets, adapters, names, launches, nets, warnings)
+    model_servers = {name: a.family for name, a in adapters.items() if a is not None and a.model_server}
+    return Discovery(services, images, image_of, presets, adapters, model_servers, names, launches, nets, warnings)
 
 
 def _launch(service: Service) -> Optional[List[str]]:
@@ -151,12 +153,11 @@ def draft(name: str, project: Project, found: Discovery, network: NetworkPlan, r
     binds += secrets.mounts(service, project, configs, bind_warnings)
     health = service.healthcheck
     test = list(health.test) if health is not None and not health.disabled and health.test else None
-    model_servers = {n: a.family for n, a in found.adapters.items() if a is not None and a.model_server}
     result = Draft(name=name, service=service, own_address=network.own[name], address=network.address[name],
                    endpoints=network.endpoints[name],
                    environment={k: v for k, v in service.environment.items() if v is not None},
                    launch=found.launches[name], healthcheck=test, binds=binds, configs=configs, refs=refs,
-                   tls=options.tls, ssrf_allow=list(options.ssrf_allow), model_servers=model_servers,
+                   tls=options.tls, ssrf_allow=list(options.ssrf_allow), model_servers=found.model_servers,
                    warnings=_unsupported_warnings(service) + bind_warnings)
     knobs.tell(result, found.nets[name], adapter)
     result.environment = {k: v for k, v in refs.rewrite_environment(result.environment, name).items()
