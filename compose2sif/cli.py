@@ -61,10 +61,7 @@ def _convert(state: _State, args):
     """convert's work, shared by `up`: returns (plan, output dir)."""
     import socket
     from compose2sif.convert import ConvertOptions, convert as convert_project
-    options = ConvertOptions(
-        output=args.output, registry_mirror=args.registry_mirror, image_sources=list(args.image_sources),
-        port_base=args.port_base, address_block=args.address_block, offline=args.offline, tls=args.tls,
-        tls_cert=args.tls_cert, tls_key=args.tls_key, preset=args.preset, ssrf_allow=list(args.ssrf_allow))
+    options = ConvertOptions(**{name: getattr(args, name) for name in ConvertOptions._fields})
     plan, out_dir = convert_project(state.options, options, _err)
     for service, port in ((plan.tls or {}).get("ports") or {}).items():
         _out(f"HTTPS: service {service} serves https://{socket.getfqdn()}:{port}/ (--tls)")

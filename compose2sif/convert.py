@@ -23,7 +23,10 @@ if TYPE_CHECKING:
 # the project through here, and `config` must stay quick (it is measured against Docker Compose).
 
 
-class ConvertOptions(NamedTuple):  # not a dataclass: `config` does not import dataclasses
+class ConvertOptions(NamedTuple):
+    """convert's options; each field is named as the command line's option (cli.py fills it by name).
+    A NamedTuple, not a dataclass: every command imports this module, `config` too, and it races
+    Docker Compose, which need not wait for dataclasses."""
     output: Optional[str] = None                                # default: ./compose2sif-PROJECT
     registry_mirror: Optional[str] = None
     image_sources: Sequence[str] = ()                           # SERVICE=KIND:PATH
