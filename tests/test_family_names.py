@@ -73,3 +73,14 @@ def test_a_planted_name_is_found_in_code_strings_and_docstrings_but_not_comments
     assert offenders("# nginx's listen [::]:P\nx = 1  # mysql\n", ".py") == []
     assert offenders("modify = 'nginxless'\n", ".py") == ["nginx"]
     assert offenders('run_it mysqladmin "$x"  # mongo\n# squid\n', ".sh") == ["mysql"]
+
+
+def test_adapters_import_nothing_of_the_planner():
+    """The arrows run one way: plan imports adapters, adapters import compose2sif.types and model."""
+    import subprocess
+    import sys
+    code = ("import sys, compose2sif.adapters; "
+            "print(sorted(m for m in sys.modules if m.startswith(('compose2sif.plan', 'compose2sif.render'))))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
