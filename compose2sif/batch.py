@@ -1,4 +1,4 @@
-"""A PJM or Slurm job script that serves one service of a compose project (a vLLM server) for the
+"""A PJM or Slurm job script that serves one service of a compose project (a model server) for the
 length of a batch job, on one node or across several over Ray.
 
 The script is a header written here (scheduler directives, then every value taken from the compose
@@ -14,6 +14,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from compose2sif import adapters
+from compose2sif.adapters.base import flag_value
 from compose2sif.errors import ComposeError
 from compose2sif.model import Service
 
@@ -34,27 +36,17 @@ _GROUP = re.compile(r"^[A-Za-z0-9_.@-]+$")
 class BatchOptions:
     scheduler: str
     group: Optional[str] = None           # PJM resource group (rscgrp) / Slurm partition
-    nodes: Optional[int] = None           # default: from --tensor/--pipeline-parallel-size and the GPUs
+    nodes: Optional[int] = None           # default: from the server's parallel size and the GPUs
     gpus_per_node: Optional[int] = None   # default: the service's GPU reservation, else 0
     elapse: str = "1:00:00"
     job_output: Optional[str] = None
     modules: List[str] = field(default_factory=list)
     sif: Optional[str] = None             # default: x-compose2sif.image.sif
-    cache_dir: Optional[str] = None       # bound on /cache (vLLM, Triton, Inductor, HF caches)
+    cache_dir: Optional[str] = None       # bound on /cache (model servers', Triton, Inductor, HF caches)
     interface: str = "ib0"
     launcher: Optional[str] = None        # default: srun ... / mpiexec ...
     ray_port: int = 6379
     ready_path: str = "/health"
-
-
-def _flag_value(args: List[str], *names: str) -> Optional[str]:
-    for i, arg in enumerate(args):
-        for name in names:
-            if arg == name and i + 1 < len(args):
-                return args[i + 1]
-            if arg.startswith(name + "="):
-                return arg[len(name) + 1:]
-    return None
 
 
 def _without_flag(args: List[str], name: str) -> List[str]:
@@ -68,15 +60,6 @@ def _without_flag(args: List[str], name: str) -> List[str]:
         elif not arg.startswith(name + "="):
             out.append(arg)
     return out
-
-
-def _int_flag(args: List[str], service: str, *names: str) -> int:
-    value = _flag_value(args, *names)
-    if value is None:
-        return 1
-    if not value.isdigit() or int(value) < 1:
-        raise ComposeError(f"{names[0]} {value!r} is not a positive integer", path=f"services.{service}.command")
-    return int(value)
 
 
 def pick_service(services: Dict[str, Service], name: Optional[str]) -> Service:
@@ -142,7 +125,7 @@ def render(project_name: str, working_dir: str, service: Service, options: Batch
     warnings: List[str] = []
     name = service.name
     unused = set(service.raw) - USED_KEYS
-    if list(service.raw.get("networks") or {}) == ["default"]:
+    if service.networks == ["default"]:
         unused.discard("networks")  # the project's default network: the job uses the nodes' network
     for key in sorted(unused):
         warnings.append(f"services.{name}.{key}: not used by the batch job (only this service runs, in its SIF)")
@@ -151,7 +134,7 @@ def render(project_name: str, working_dir: str, service: Service, options: Batch
     serve_verb = ["run"]
     if service.entrypoint:
         serve_verb, args = ["exec"], list(service.entrypoint) + args
-    port = _flag_value(args, "--port")
+    port = flag_value(args, "--port")
     if port is None:
         port = str(service.ports[0].target) if service.ports else "8000"
     if not port.isdigit():
@@ -164,8 +147,8 @@ def render(project_name: str, working_dir: str, service: Service, options: Batch
                             f"{options.interface} address, port {port}")
 
     gpus = options.gpus_per_node if options.gpus_per_node is not None else _gpus(service)
-    ranks = _int_flag(args, name, "--tensor-parallel-size", "-tp") * _int_flag(args, name, "--pipeline-parallel-size",
-                                                                               "-pp")
+    adapter = adapters.adapter_for(service.image)
+    ranks = adapter.parallel_size(args, f"services.{name}.command") if adapter else 1
     nodes = options.nodes or (max(1, math.ceil(ranks / gpus)) if gpus else 1)
     if nodes < 1:
         raise ComposeError(f"--nodes {nodes}: at least 1")

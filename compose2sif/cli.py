@@ -14,7 +14,7 @@ from typing import Callable, List, Optional
 
 from compose2sif import __version__
 from compose2sif.errors import ComposeError
-from compose2sif.load import ProjectOptions, load_project
+from compose2sif.load import ProjectOptions
 
 
 def _out(text: str = "", end: str = "\n") -> None:
@@ -30,38 +30,8 @@ class _State:
         self.options = options
 
     def load(self):
-        try:
-            project = load_project(self.options)
-        except ComposeError as exc:
-            created = _dotenv_from_example(str(exc))
-            if created is None:
-                raise
-            _err(f"created {created} from .env.example, as Dify's setup does; edit it to change settings")
-            project = load_project(self.options)
-        for warning in project.warnings:
-            _err(f"WARN {warning}")
-        return project
-
-
-def _dotenv_from_example(error: str) -> Optional[str]:
-    """Dify's compose needs ./.env, which its users copy from .env.example. Do that for them."""
-    import re
-    import shutil
-    match = re.search(r"env file (\S+/\.env) not found", error)
-    if match is None:
-        return None
-    dotenv = match.group(1)
-    example = dotenv + ".example"
-    folder = os.path.dirname(dotenv)
-    composes = [os.path.join(folder, n) for n in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml")]
-    if not os.path.isfile(example) or not any(
-            os.path.isfile(c) and "langgenius/dify-" in open(c, encoding="utf-8", errors="replace").read()
-            for c in composes):
-        return None
-    with open(os.open(dotenv, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as out, \
-            open(example, encoding="utf-8") as source:
-        shutil.copyfileobj(source, out)
-    return dotenv
+        from compose2sif.convert import load
+        return load(self.options, _err)
 
 
 def config(state: _State, args) -> int:
@@ -87,95 +57,12 @@ def config(state: _State, args) -> int:
     return 0
 
 
-def _output_dir(project, output: Optional[str]) -> str:
-    return os.path.abspath(output or os.path.join(os.getcwd(), f"compose2sif-{project.name}"))
-
-
-def _previous_endpoints(out_dir: str) -> set:
-    """(address, port) of an earlier plan of this output dir: ours, so not 'busy' when we plan again."""
-    try:
-        with open(os.path.join(out_dir, "plan.json"), encoding="utf-8") as fh:
-            plan = json.load(fh)
-        ours = {(p["address"], p["host"]) for s in plan.get("services", []) for p in s.get("ports", [])}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return set()
-    return ours | {("::", port) for address, port in ours if address == "0.0.0.0"}  # nginx's `listen [::]:P`
-
-
-def _convert(state: "_State", args):
-    """convert's work, shared by `up`: load, plan, render; returns (plan, output dir)."""
-    from compose2sif import adapters, render
-    from compose2sif.plan import PlanOptions, build_plan, image_definitions
-    from compose2sif.plan import generated
-    from compose2sif.plan.network import node_listeners, parse_address_block
+def _convert(state: _State, args):
+    """convert's work, shared by `up`: returns (plan, output dir)."""
     import socket
-
-    output, registry_mirror, offline = args.output, args.registry_mirror, args.offline
-    tls_cert, tls_key, address_block, preset = args.tls_cert, args.tls_key, args.address_block, args.preset
-    project = state.load()
-    out_dir = _output_dir(project, output)
-    sources = {}
-    for item in args.image_sources:
-        service, sep, spec = item.partition("=")
-        if not sep:
-            raise ComposeError(f"--image-source {item}: expected SERVICE=KIND:PATH")
-        sources[service] = spec
-    if bool(tls_cert) != bool(tls_key):
-        raise ComposeError("--tls-cert and --tls-key go together")
-    images_used = [s.get("image") for s in project.services.values()]
-    presets = {preset} if preset else adapters.presets_for(images_used)
-    table = adapters.preset_secrets(presets)
-    chosen = generated.choose(table, project.environment, generated.read_stored(out_dir)) if table else {}
-    if chosen:  # load again as if the user had set them: interpolation puts each where it belongs
-        environ = dict(os.environ if state.options.environ is None else state.options.environ)
-        project = load_project(state.options._replace(environ={**environ, **chosen}))
-    options = PlanOptions(registry_mirror=registry_mirror, image_sources=sources, port_base=args.port_base,
-                          address_block=parse_address_block(address_block) if address_block else None,
-                          busy=node_listeners() - _previous_endpoints(out_dir), tls=bool(args.tls or tls_cert),
-                          tls_files=(os.path.abspath(tls_cert), os.path.abspath(tls_key)) if tls_cert else None,
-                          presets=presets, secrets=generated.Replacer(table, chosen) if chosen else None,
-                          ssrf_allow=list(args.ssrf_allow))
-    try:
-        images = image_definitions(project, options)
-    except ComposeError as exc:
-        if exc.file is None and exc.path and exc.path.startswith("services."):
-            exc.file, exc.line = project.locate(exc.path.split(".")[1])
-        raise
-    if not offline:
-        from compose2sif import registry  # requests: slow to import, not needed offline
-        for source in images.values():
-            image = source.ref if source.kind == "docker" else source.pull_candidate  # build + image: pull?
-            if image is None:
-                continue
-            from compose2sif.plan.images import docker_reference
-            ref = docker_reference(image, registry_mirror)
-            try:
-                options.image_configs[image] = registry.fetch_config(
-                    ref, insecure=bool(os.environ.get("APPTAINER_NOHTTPS") or os.environ.get("SINGULARITY_NOHTTPS")))
-            except Exception as exc:  # network, auth, odd registries: the plan just lacks it
-                if source.kind == "docker":
-                    _err(f"WARN could not read the configuration of image {source.ref} from its registry "
-                         f"({type(exc).__name__}); its WORKDIR and exposed ports are unknown")
-    try:
-        plan = build_plan(project, options)
-    except ComposeError as exc:  # point it at the service's definition
-        if exc.file is None and exc.path and exc.path.startswith("services."):
-            exc.file, exc.line = project.locate(exc.path.split(".")[1])
-        raise
-    images = image_definitions(project, options)  # with the registry's answers: build + image may pull
-    try:
-        extra = render.write(plan, images, out_dir)
-    except ComposeError as exc:
-        if exc.file is None and exc.path and exc.path.startswith("services."):
-            exc.file, exc.line = project.locate(exc.path.split(".")[1])
-        raise
-    if chosen:
-        render.write_private(out_dir, generated.SECRETS_FILE, generated.file_text(chosen))
-        _err(f"secrets: {len(chosen)} public default(s) replaced by generated values, kept in "
-             f"{os.path.join(out_dir, generated.SECRETS_FILE)} (`compose2sif secrets` shows where each is used)")
-    for warning in plan.warnings + extra:
-        if warning not in project.warnings:
-            _err(f"WARN {warning}")
+    from compose2sif.convert import ConvertOptions, convert as convert_project
+    options = ConvertOptions(**{name: getattr(args, name) for name in ConvertOptions._fields})
+    plan, out_dir = convert_project(state.options, options, _err)
     for service, port in ((plan.tls or {}).get("ports") or {}).items():
         _out(f"HTTPS: service {service} serves https://{socket.getfqdn()}:{port}/ (--tls)")
     return plan, out_dir
@@ -192,8 +79,8 @@ def convert(state: _State, args) -> int:
 
 
 def _existing_output(state: _State, output: Optional[str]) -> str:
-    project = state.load()
-    return _output_dir(project, output)
+    from compose2sif.convert import output_dir
+    return output_dir(state.load(), output)
 
 
 def _run(state: _State, args, script_args: List[str]) -> int:
@@ -203,7 +90,6 @@ def _run(state: _State, args, script_args: List[str]) -> int:
 
 def secrets(state: _State, args) -> int:
     """Where the generated secrets are kept and which services use them."""
-    import shlex
     from compose2sif.plan import generated
     out_dir = _existing_output(state, args.output)
     values = generated.read_stored(out_dir)
@@ -211,18 +97,7 @@ def secrets(state: _State, args) -> int:
         _out(f"no generated secrets in {out_dir}")
         return 0
     _out(f"{os.path.join(out_dir, generated.SECRETS_FILE)} (mode 0600) holds {len(values)} generated secret(s):")
-    users = {}
-    env_dir = os.path.join(out_dir, "env")
-    for name in sorted(os.listdir(env_dir)) if os.path.isdir(env_dir) else []:
-        if not name.endswith(".env") or name.endswith(".eval.env"):
-            continue
-        with open(os.path.join(env_dir, name), encoding="utf-8") as fh:
-            for line in fh:
-                key, sep, value = line.rstrip("\n").partition("=")
-                if sep and not key.startswith("#") and key != "C2S_LAUNCH":
-                    for variable, secret in values.items():
-                        if secret in "".join(shlex.split(value)):
-                            users.setdefault(variable, []).append(f"{name[:-4]}:{key}")
+    users = generated.users(out_dir, values)
     for variable, secret in sorted(values.items()):
         where = ", ".join(users.get(variable, [])) or "no service's environment (configs only)"
         _out(f"  {variable}{'=' + secret if args.show else ''}: {where}")
@@ -291,6 +166,7 @@ def doctor(state: _State, args) -> int:
 def batch(state: _State, args) -> int:
     """Write a PJM or Slurm job script that serves SERVICE for the job's length (Ray across nodes)."""
     from compose2sif import batch as batch_job
+    from compose2sif.convert import located
     from compose2sif.model import services as typed_services
     project = state.load()
     chosen = batch_job.pick_service(typed_services(project), args.service)
@@ -298,12 +174,8 @@ def batch(state: _State, args) -> int:
         scheduler=args.scheduler, group=args.group, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
         elapse=args.elapse, job_output=args.job_output, modules=list(args.modules), sif=args.sif,
         cache_dir=args.cache_dir, interface=args.interface, launcher=args.launcher)
-    try:
+    with located(project):
         script, warnings = batch_job.render(project.name, project.working_dir, chosen, options)
-    except ComposeError as exc:
-        if exc.file is None and exc.path and exc.path.startswith("services."):
-            exc.file, exc.line = project.locate(exc.path.split(".")[1])
-        raise
     for warning in warnings:
         _err(f"WARN {warning}")
     if args.output:
@@ -360,6 +232,7 @@ def _output_option(parser: argparse.ArgumentParser,
 
 def _convert_options(parser: argparse.ArgumentParser) -> None:
     """The options of `convert`, shared by `up`."""
+    from compose2sif import adapters  # its presets and families name some choices
     _output_option(parser, "Output directory (default: ./compose2sif-PROJECT).")
     add = parser.add_argument
     add("--registry-mirror", metavar="HOST", help="Pull Docker Hub images through this registry.")
@@ -370,12 +243,14 @@ def _convert_options(parser: argparse.ArgumentParser) -> None:
     add("--address-block", metavar="127.A.B.0/24",
         help="Loopback /24 the services' own addresses come from (default: per user and project).")
     add("--offline", action="store_true", help="Do not ask registries for image configurations.")
-    add("--tls", action="store_true", help="Serve HTTPS from the nginx service(s) with a self-signed certificate.")
+    add("--tls", action="store_true", help=f"Serve HTTPS from the {' or '.join(adapters.tls_families())} "
+        "service(s) with a self-signed certificate.")
     add("--tls-cert", metavar="FILE", help="Certificate for --tls instead of a self-signed one.")
     add("--tls-key", metavar="FILE", help="Private key of --tls-cert.")
-    add("--preset", choices=["dify"], help="Treat the project as this family's (default: detected from its images).")
+    add("--preset", choices=sorted(adapters.PRESETS),
+        help="Treat the project as this family's (default: detected from its images).")
     add("--ssrf-allow", dest="ssrf_allow", action="append", default=[], metavar="CIDR|DOMAIN",
-        help="A private destination the project's SSRF proxies may reach, such as a vLLM host "
+        help="A private destination the project's SSRF proxies may reach, such as a model server elsewhere "
              "(repeatable; model servers of the stack are allowed already).")
 
 

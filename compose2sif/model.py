@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from compose2sif.errors import ComposeError
 from compose2sif.load import Project
-from compose2sif.units import parse_bytes, parse_duration
+from compose2sif.units import parse_duration
 
 ALL = -1  # a GPU count of "all"
 
@@ -23,7 +23,6 @@ class PortMapping:
     published: Optional[str] = None  # "8080", a range "8000-8010", or None (not published)
     host_ip: Optional[str] = None
     protocol: str = "tcp"
-    name: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,6 @@ class Mount:
     source: Optional[str] = None     # absolute host path (bind), volume name (volume), None (tmpfs/anonymous)
     read_only: bool = False
     create_host_path: bool = True    # bind: create a missing source directory as Compose does
-    tmpfs_size: Optional[int] = None  # bytes
     subpath: Optional[str] = None
 
 
@@ -42,7 +40,6 @@ class Dependency:
     service: str
     condition: str = "service_started"  # service_started | service_healthy | service_completed_successfully
     required: bool = True
-    restart: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,8 +60,6 @@ class Healthcheck:
 class GpuRequest:
     count: int = ALL                 # ALL, or a number of GPUs
     device_ids: Tuple[str, ...] = ()
-    driver: Optional[str] = None
-    capabilities: Tuple[str, ...] = ()
 
 
 @dataclass
@@ -80,7 +75,6 @@ class Service:
     depends_on: List[Dependency]
     healthcheck: Optional[Healthcheck]
     working_dir: Optional[str]
-    user: Optional[str]
     restart: str
     gpus: List[GpuRequest]
     container_name: Optional[str]
@@ -89,15 +83,17 @@ class Service:
     extra_hosts: List[str]
     tmpfs: List[str]
     ulimits: Dict[str, Tuple[int, int]]  # name -> (soft, hard)
-    shm_size: Optional[int]
     runtime: Optional[str]
-    profiles: List[str]
+    expose: List[str] = field(default_factory=list)           # "9000", "7000-7002", "53/udp"
+    stop_signal: str = "SIGTERM"
+    stop_grace_period: float = 10.0                           # seconds
+    pull_policy: str = "missing"
+    network_mode: Optional[str] = None
+    networks: List[str] = field(default_factory=list)         # the names of the networks it joins
+    replicas: Optional[int] = None                            # deploy.replicas
+    limits: Dict[str, Any] = field(default_factory=dict)      # deploy.resources.limits
     extensions: Dict[str, Any] = field(default_factory=dict)  # x-* keys, e.g. x-compose2sif
     raw: Dict[str, Any] = field(default_factory=dict)          # every key as loaded, for warnings
-
-    @property
-    def wants_gpu(self) -> bool:
-        return bool(self.gpus) or self.runtime == "nvidia"
 
 
 def _seconds(value: Optional[str], default: float) -> float:
@@ -121,8 +117,7 @@ def _healthcheck(config: Optional[Dict[str, Any]]) -> Optional[Healthcheck]:
 
 def _gpu(request: Dict[str, Any]) -> GpuRequest:
     return GpuRequest(count=int(request.get("count", 0)) or (ALL if not request.get("device_ids") else 0),
-                      device_ids=tuple(request.get("device_ids") or ()), driver=request.get("driver"),
-                      capabilities=tuple(request.get("capabilities") or ()))
+                      device_ids=tuple(request.get("device_ids") or ()))
 
 
 def _gpu_requests(config: Dict[str, Any]) -> List[GpuRequest]:
@@ -136,11 +131,9 @@ def _gpu_requests(config: Dict[str, Any]) -> List[GpuRequest]:
 
 
 def _mount(volume: Dict[str, Any]) -> Mount:
-    tmpfs = volume.get("tmpfs") or {}
     return Mount(type=volume["type"], target=volume["target"], source=volume.get("source"),
                  read_only=bool(volume.get("read_only")),
                  create_host_path=bool((volume.get("bind") or {}).get("create_host_path", False)),
-                 tmpfs_size=int(tmpfs["size"]) if tmpfs.get("size") else None,
                  subpath=(volume.get("volume") or {}).get("subpath"))
 
 
@@ -179,6 +172,7 @@ def _restart(service: str, policy: str) -> str:
 
 def build_service(name: str, config: Dict[str, Any]) -> Service:
     """One service of ``Project.config`` (the encoded, long-syntax form) as a typed Service."""
+    deploy = config.get("deploy") or {}
     return Service(
         name=name,
         image=config.get("image"),
@@ -187,15 +181,13 @@ def build_service(name: str, config: Dict[str, Any]) -> Service:
         entrypoint=config.get("entrypoint"),
         environment=dict(config.get("environment") or {}),
         ports=[PortMapping(target=p["target"], published=p.get("published"), host_ip=p.get("host_ip"),
-                           protocol=p.get("protocol", "tcp"), name=p.get("name"))
+                           protocol=p.get("protocol", "tcp"))
                for p in config.get("ports") or []],
         mounts=[_mount(v) for v in config.get("volumes") or []],
-        depends_on=[Dependency(service=dep, condition=d["condition"], required=d["required"],
-                               restart=bool(d.get("restart")))
+        depends_on=[Dependency(service=dep, condition=d["condition"], required=d["required"])
                     for dep, d in (config.get("depends_on") or {}).items()],
         healthcheck=_healthcheck(config.get("healthcheck")),
         working_dir=config.get("working_dir"),
-        user=config.get("user"),
         restart=_restart(name, config.get("restart") or "no"),
         gpus=_gpu_requests(config),
         container_name=config.get("container_name"),
@@ -204,9 +196,15 @@ def build_service(name: str, config: Dict[str, Any]) -> Service:
         extra_hosts=_extra_hosts(config.get("extra_hosts")),
         tmpfs=[config["tmpfs"]] if isinstance(config.get("tmpfs"), str) else list(config.get("tmpfs") or []),
         ulimits=_ulimits(config),
-        shm_size=parse_bytes(config["shm_size"]) if config.get("shm_size") else None,
         runtime=config.get("runtime"),
-        profiles=list(config.get("profiles") or []),
+        expose=[str(item) for item in config.get("expose") or []],
+        stop_signal=str(config.get("stop_signal") or "SIGTERM"),
+        stop_grace_period=_seconds(config.get("stop_grace_period"), 10.0),
+        pull_policy=str(config.get("pull_policy") or "missing"),
+        network_mode=config.get("network_mode"),
+        networks=list(config.get("networks") or {}),
+        replicas=deploy.get("replicas"),
+        limits=(deploy.get("resources") or {}).get("limits") or {},
         extensions={k: v for k, v in config.items() if k.startswith("x-")},
         raw=config,
     )

@@ -4,25 +4,29 @@ cluster and run ``./run.sh up`` there with nothing but bash and apptainer/singul
     definitions/<image>.def   one per distinct image source
     sif/                      where `build` puts the SIFs
     env/<service>.env         the resolved environment, shell-quoted for --env-file, mode 0600
-    config/<service>/...      rendered config files (nginx)
+                              (.eval.env for runtimes without --no-eval; .health.env for a probe's password)
+    config/<service>/...      rendered config files (the adapters'), secrets and configs
     hosts.names               every service's names -> its own loopback address; host.docker.internal
-    hosts                     /etc/hosts for the instances as it would be on this machine
+                              (run.sh puts them after the node's /etc/hosts, bound as /etc/hosts)
+    tls/                      the certificate and key for --tls
+    secrets.env               generated secrets, mode 0600
     run.sh                    the orchestrator
     plan.json                 every decision and warning, for people and tools
+
+Everything written comes from the Plan: nothing is decided here.
 """
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import re
 import shlex
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from compose2sif.errors import ComposeError
 from compose2sif.plan import Plan, PortPlan, ServicePlan
-from compose2sif.plan.images import ImageSource
+from compose2sif.plan.generated import SECRETS_FILE, file_text
 
 
 def _templates_dir() -> str:
@@ -35,7 +39,6 @@ def _templates_dir() -> str:
     return os.path.dirname(os.path.abspath(runner.__file__))
 
 
-_VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ULIMIT_FLAGS = {"core": "c", "data": "d", "fsize": "f", "locks": "x", "memlock": "l", "msgqueue": "q",
                  "nice": "e", "nofile": "n", "nproc": "u", "rss": "m", "rtprio": "r", "sigpending": "i",
                  "stack": "s", "cpu": "t", "as": "v"}
@@ -67,11 +70,11 @@ def launch_line(service: ServicePlan) -> str:
     return "; ".join(parts)
 
 
-def env_file_text(service: ServicePlan, warnings: List[str], evaluated: bool = False) -> str:
-    """The --env-file of a service. Runtimes with --no-eval pass values on literally. Older ones
-    (Singularity 3.x, Apptainer 1.0) evaluate them once more inside the container, so for those
-    (``evaluated``) `\\`, `$` and backquotes are escaped: `\\$(cmd)` stays text, and a trailing `\\`
-    cannot swallow the next line."""
+def env_file_text(service: ServicePlan, evaluated: bool = False, extra: Optional[Dict[str, str]] = None) -> str:
+    """The --env-file of a service (with ``extra``: of its healthcheck's probe). Runtimes with
+    --no-eval pass values on literally. Older ones (Singularity 3.x, Apptainer 1.0) evaluate them
+    once more inside the container, so for those (``evaluated``) `\\`, `$` and backquotes are
+    escaped: `\\$(cmd)` stays text, and a trailing `\\` cannot swallow the next line."""
     def value(text: str) -> str:
         if evaluated:
             text = text.replace("\\", "\\\\").replace("$", "\\$").replace("`", "\\`")
@@ -79,13 +82,8 @@ def env_file_text(service: ServicePlan, warnings: List[str], evaluated: bool = F
 
     lines = [f"# environment of service {service.name} (compose2sif); read by apptainer --env-file"
              + (" on runtimes without --no-eval" if evaluated else " --no-eval")]
-    for key in sorted(service.environment):
-        if not _VALID_NAME.match(key):
-            if not evaluated:
-                warnings.append(f"service {service.name!r}: environment variable {key!r} is not a valid shell name "
-                                "and cannot be passed through --env-file; skipped")
-            continue
-        lines.append(f"{key}={value(service.environment[key])}")
+    environment = {**service.environment, **(extra or {})}
+    lines += [f"{key}={value(environment[key])}" for key in sorted(environment)]
     lines.append(f"C2S_LAUNCH={value(launch_line(service))}")
     return "\n".join(lines) + "\n"
 
@@ -113,40 +111,6 @@ def _open_dir(out_dir: str, parts: List[str]) -> int:
     return fd
 
 
-# Clients that read a password from the environment instead of their command line.
-_PASSWORD_VARIABLES = {"mysqladmin": "MYSQL_PWD", "mysql": "MYSQL_PWD", "redis-cli": "REDISCLI_AUTH"}
-_SHELL_PASSWORD = re.compile(r"\b(mysqladmin|mysql)\b.*\s(-p\S|--password=)|\bredis-cli\b.*\s(-a|--pass)\s")
-
-
-def health_secret(service: ServicePlan):
-    """A password on a healthcheck's command line is in the node's process list, for every user, at
-    every probe. In the CMD form of mysqladmin/mysql (-pPW, --password=PW) and redis-cli (-a PW) it is
-    moved to the probe's own env file (MYSQL_PWD, REDISCLI_AUTH); in a CMD-SHELL it cannot be, and is
-    warned about. Returns (test, environment to add, warning or None)."""
-    test = list((service.healthcheck or {}).get("test") or [])
-    if test[:1] == ["CMD"] and len(test) > 1 and os.path.basename(test[1]) in _PASSWORD_VARIABLES:
-        variable = _PASSWORD_VARIABLES[os.path.basename(test[1])]
-        kept, secret, args, i = [], None, test[2:], 0
-        while i < len(args):
-            arg = args[i]
-            if variable == "MYSQL_PWD" and arg.startswith("-p") and len(arg) > 2:
-                secret = arg[2:]
-            elif variable == "MYSQL_PWD" and arg.startswith("--password="):
-                secret = arg.split("=", 1)[1]
-            elif variable == "REDISCLI_AUTH" and arg in ("-a", "--pass") and i + 1 < len(args):
-                secret, i = args[i + 1], i + 1
-            else:
-                kept.append(arg)
-            i += 1
-        if secret is not None:
-            return ["CMD", test[1], *kept], {variable: secret}, None
-    if test[:1] == ["CMD-SHELL"] and len(test) > 1 and _SHELL_PASSWORD.search(" " + test[1] + " "):
-        return test, {}, (f"service {service.name!r}: its healthcheck passes a password on a command line, which "
-                          "every user of the node sees in the process list at each probe; write it in the CMD form "
-                          "(compose2sif then moves the password to the environment) or set MYSQL_PWD/REDISCLI_AUTH")
-    return test, {}, None
-
-
 def _write(out_dir: str, relative: str, text: str, mode: int = 0o600) -> None:
     """Write OUT_DIR/RELATIVE to a new file, then rename it into place: O_EXCL|O_NOFOLLOW, so a
     planted link is replaced, never written through."""
@@ -165,11 +129,6 @@ def _write(out_dir: str, relative: str, text: str, mode: int = 0o600) -> None:
         os.close(fd)
 
 
-def write_private(out_dir: str, name: str, text: str) -> None:
-    """A file only its owner may read (generated secrets)."""
-    _write(out_dir, name, text, 0o600)
-
-
 def _tmp_source(service: ServicePlan) -> str:
     for bind in service.binds:
         if bind.target == "/tmp":
@@ -179,7 +138,7 @@ def _tmp_source(service: ServicePlan) -> str:
 
 def _endpoint(port: PortPlan) -> str:
     """ADDR:PORT the service listens on, for run.sh; suffixed `?` when it may never be opened (run.sh
-    then checks only that it is free, not that it listens). With --tls, nginx's 443 is ours to open."""
+    then checks only that it is free, not that it listens). With --tls, the HTTPS port is ours to open."""
     return f"{port.address}:{port.host}" + ("" if port.required or port.how == "tls" else "?")
 
 
@@ -243,7 +202,7 @@ def _service_function(s: ServicePlan, fn: str) -> List[str]:
         f"    S_MKDIRS={_array(b.source for _, b in binds if b.create or b.kind in ('volume', 'scratch', 'tmpfs'))}",
         f"    S_EMPTY={_array(b.source for _, b in binds if b.kind in ('tmpfs', 'scratch'))}",
         f"    S_ENDPOINTS={_array(_endpoint(p) for p in s.ports)}",
-        f"    S_HEALTH={_array(health_secret(s)[0] if health else [])}",
+        f"    S_HEALTH={_array(health['test'] if health else [])}",
     ]
     if health:
         lines += [f"    S_HEALTH_INTERVAL={health['interval']} S_HEALTH_TIMEOUT={health['timeout']} "
@@ -271,7 +230,7 @@ def render_runner(plan: Plan) -> str:
            f"LEVELS=({' '.join(str(s.level) for s in plan.services)})",
            f"MAX_LEVEL={max((s.level for s in plan.services), default=0)}",
            f"IMAGES={_array(plan.images)}",
-           f"PULLED={_array(k for k, v in plan.images.items() if v.get('kind') == 'docker')}"
+           f"PULLED={_array(k for k, v in plan.images.items() if v.kind == 'docker')}"
            "  # images run as they are in a registry",
            "# web fronts `up` points people at: SERVICE SCHEME ADDRESS PORT PATH",
            f"ENTRY_POINTS={_array(entry_points)}",
@@ -366,9 +325,8 @@ def check_binds(plan: Plan, out_dir: str) -> None:
                                        "directory (a `..` in a subpath?); refused", path=f"services.{service.name}.volumes")
 
 
-def write(plan: Plan, images: Dict[str, ImageSource], out_dir: str) -> List[str]:
-    """Write every file; returns the warnings found while writing."""
-    warnings: List[str] = []
+def write(plan: Plan, out_dir: str) -> None:
+    """Write every file of the plan into out_dir."""
     check_output_dir(out_dir)
     check_binds(plan, out_dir)
     os.makedirs(out_dir, mode=0o700, exist_ok=True)
@@ -379,32 +337,20 @@ def write(plan: Plan, images: Dict[str, ImageSource], out_dir: str) -> List[str]
                            "follow links in its output directory (remove it)")
     if plan.tls:
         _tls_files(plan, out_dir)
-    for key, source in images.items():
-        _write(out_dir, f"definitions/{key}.def", source.definition, 0o644)
+    for image in plan.images.values():
+        _write(out_dir, image.definition, image.text, 0o644)
     for service in plan.services:
-        _write(out_dir, service.env_file, env_file_text(service, warnings))
-        _write(out_dir, service.env_file[:-len(".env")] + ".eval.env", env_file_text(service, warnings, evaluated=True))
-        test, extra, warning = health_secret(service)
-        if warning:
-            warnings.append(warning)
-        if extra:  # the probe's own environment: the service's, and the password its client reads
-            probe = copy.copy(service)
-            probe.environment = {**service.environment, **extra}
-            base = service.env_file[:-len(".env")]
-            _write(out_dir, base + ".health.env", env_file_text(probe, []))
-            _write(out_dir, base + ".health.eval.env", env_file_text(probe, [], evaluated=True))
+        base = service.env_file[:-len(".env")]
+        _write(out_dir, service.env_file, env_file_text(service))
+        _write(out_dir, base + ".eval.env", env_file_text(service, evaluated=True))
+        if service.probe_environment:  # the probe's own environment: the service's, and the password its client reads
+            _write(out_dir, base + ".health.env", env_file_text(service, extra=service.probe_environment))
+            _write(out_dir, base + ".health.eval.env",
+                   env_file_text(service, evaluated=True, extra=service.probe_environment))
     for path, content in plan.configs.items():
         _write(out_dir, path, content)
-    names = hosts_names(plan)
-    _write(out_dir, "hosts.names", names, 0o644)
-    try:
-        with open("/etc/hosts", encoding="utf-8") as fh:
-            host_entries = fh.read()
-    except OSError:
-        host_entries = ""
-    _write(out_dir, "hosts", host_entries + f"# compose2sif: {plan.project}\n" + names, 0o644)
+    if plan.generated_secrets:
+        _write(out_dir, SECRETS_FILE, file_text(plan.generated_secrets), 0o600)
+    _write(out_dir, "hosts.names", hosts_names(plan), 0o644)
     _write(out_dir, "run.sh", render_runner(plan), 0o755)
-    data = plan.to_json()
-    data["warnings"] = plan.warnings + warnings
-    _write(out_dir, "plan.json", json.dumps(data, indent=2) + "\n", 0o644)
-    return warnings
+    _write(out_dir, "plan.json", json.dumps(plan.to_json(), indent=2) + "\n", 0o644)

@@ -324,11 +324,11 @@ def test_links_planted_in_an_output_dir_are_replaced_not_followed(simple):
     assert _convert(project, out).returncode == 0
     (out / "run.sh").unlink()
     (out / "run.sh").symlink_to(victim / ".bashrc")
-    (out / "hosts").unlink()
-    (out / "hosts").symlink_to(victim / "hosts")  # a dangling one: O_CREAT would make the victim's file
+    (out / "hosts.names").unlink()
+    (out / "hosts.names").symlink_to(victim / "hosts.names")  # a dangling one: O_CREAT would make the victim's file
     proc = _convert(project, out)
     assert proc.returncode == 0, proc.stderr
-    assert (victim / ".bashrc").read_text() == "victim's\n" and not (victim / "hosts").exists()
+    assert (victim / ".bashrc").read_text() == "victim's\n" and not (victim / "hosts.names").exists()
     assert not (out / "run.sh").is_symlink() and (out / "run.sh").read_text().startswith("#!/usr/bin/env bash")
     # a planted directory link: refused with one line, nothing written through it
     shutil.rmtree(out / "env")

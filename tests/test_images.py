@@ -97,10 +97,10 @@ def test_services_with_the_same_build_share_one_definition(tmp_path):
           other: {build: {context: ./app, args: {BASE: "debian:12"}}}
     """)
     plan = build_plan(project, PlanOptions(port_base=30000, busy=set()))
-    shared = [k for k, v in plan.images.items() if sorted(v["services"]) == ["beat", "web", "worker"]]
+    shared = [k for k, v in plan.images.items() if sorted(v.services) == ["beat", "web", "worker"]]
     assert len(shared) == 1 and len(plan.images) == 2
-    other = next(v for v in plan.images.values() if v["services"] == ["other"])
-    assert other["digest"] != plan.images[shared[0]]["digest"]
+    other = next(v for v in plan.images.values() if v.services == ["other"])
+    assert other.digest != plan.images[shared[0]].digest
 
 
 BOTH = """
@@ -123,7 +123,7 @@ def test_build_and_image_follow_pull_policy(tmp_path, policy, configs, kind, not
     project = project_at(tmp_path, BOTH.format(policy=policy))
     plan = build_plan(project, PlanOptions(port_base=30000, busy=set(), image_configs=configs or {}))
     (image,) = plan.images.values()
-    assert image["kind"] == kind
+    assert image.kind == kind
     if note:
         assert any(note in w and "'app'" in w for w in plan.warnings), plan.warnings
     else:

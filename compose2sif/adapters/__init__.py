@@ -1,18 +1,19 @@
 """Knowledge of particular images, one module per family, behind one small interface (base.py).
 
-The generic planner never tests an image's name: it asks ``adapter_for(image)`` and uses what
-the adapter supplies (ports and their knobs, the address knob, writable paths, the image's
-default command) and lets it ``finish`` the service once the plan is decided.
+The generic code never tests an image's name: it asks ``adapter_for(image)`` and uses what the
+adapter supplies (ports and their knobs, the address knob, writable paths, the image's default
+command, its web entry and TLS ports, its clients' password variables) and lets it ``finish`` the
+service once the plan is decided. Presets (families of projects, such as Dify) come from here too.
 """
-import re
 from typing import Dict, Iterable, List, Optional, Set
 
 from compose2sif.adapters import dify, llamacpp, mongo, mysql, nginx, postgres, redis, squid, vllm, weaviate
-from compose2sif.adapters.base import Adapter, Draft
+from compose2sif.adapters.base import Adapter, Draft, PasswordClient, Preset
 
 # first match wins: a preset's adapters come before the general ones they refine
 ADAPTERS: List[Adapter] = [*dify.ADAPTERS, postgres.ADAPTER, redis.ADAPTER, mysql.ADAPTER, mongo.ADAPTER,
                            nginx.ADAPTER, llamacpp.ADAPTER, vllm.ADAPTER, weaviate.ADAPTER, squid.ADAPTER]
+PRESETS: Dict[str, Preset] = {preset.name: preset for preset in (dify.SETUP,)}
 
 
 def repository(image: Optional[str]) -> str:
@@ -29,17 +30,15 @@ def repository(image: Optional[str]) -> str:
     return "/".join(parts)
 
 
-PRESETS = {dify.PRESET: r"(^|/)langgenius/dify-"}   # a project is Dify's when one of its images is
-PRESET_SECRETS = {dify.PRESET: dify.SECRETS}       # variable -> its public default, to be replaced
-
-
 def presets_for(images: Iterable[Optional[str]]) -> Set[str]:
-    return {name for name, pattern in PRESETS.items()
-            if any(re.search(pattern, repository(image)) for image in images)}
+    """The presets of a project whose services run these images."""
+    repositories = [repository(image) for image in images]
+    return {name for name, preset in PRESETS.items() if any(preset.matches(r) for r in repositories)}
 
 
 def preset_secrets(presets: Set[str]) -> Dict[str, str]:
-    return {k: v for preset in sorted(presets) for k, v in PRESET_SECRETS.get(preset, {}).items()}
+    """Variable -> its public default, to be replaced by a generated value."""
+    return {k: v for name in sorted(presets) for k, v in PRESETS[name].secrets.items()}
 
 
 def adapter_for(image: Optional[str], presets: Set[str] = frozenset()) -> Optional[Adapter]:
@@ -48,4 +47,21 @@ def adapter_for(image: Optional[str], presets: Set[str] = frozenset()) -> Option
                 None)
 
 
-__all__ = ["ADAPTERS", "PRESETS", "Adapter", "Draft", "adapter_for", "preset_secrets", "presets_for", "repository"]
+PASSWORD_CLIENTS: Dict[str, PasswordClient] = {c.command: c for a in ADAPTERS for c in a.clients}
+# the adapters that override names_not_hosts, once per implementation
+_LOCAL_NAMES = list({type(a).names_not_hosts: a for a in ADAPTERS
+                     if type(a).names_not_hosts is not Adapter.names_not_hosts}.values())
+
+
+def names_not_hosts(text: str) -> Set[str]:
+    """Names a config text defines for itself (any family's), which a URL in it may name."""
+    return set().union(*(a.names_not_hosts(text) for a in _LOCAL_NAMES))
+
+
+def tls_families() -> List[str]:
+    """The families that can serve HTTPS for --tls (outside presets, which refine them)."""
+    return sorted({a.family for a in ADAPTERS if a.tls_port is not None and a.preset is None})
+
+
+__all__ = ["ADAPTERS", "PASSWORD_CLIENTS", "PRESETS", "Adapter", "Draft", "PasswordClient", "Preset", "adapter_for",
+           "names_not_hosts", "preset_secrets", "presets_for", "repository", "tls_families"]

@@ -15,9 +15,8 @@ import re
 from typing import Dict, List
 
 from compose2sif.adapters import nginx
-from compose2sif.adapters.base import Adapter, Draft
-from compose2sif.plan.knobs import Knob
-from compose2sif.plan.types import Bind
+from compose2sif.adapters.base import Adapter, Draft, Preset
+from compose2sif.types import Bind, Knob
 
 PRESET = "dify"
 MOUNTED_ENTRYPOINT = "/docker-entrypoint-mount.sh"
@@ -35,6 +34,8 @@ SECRETS = {
     "DIFY_AGENT_LOCAL_SANDBOX_AUTH_TOKEN": "",
     "WEAVIATE_AUTHENTICATION_APIKEY_ALLOWED_KEYS": "WVF5YThaHlkYwhGUSmCRgsX3tD5ngdN8pkih",
 }
+# a project is Dify's when one of its images is; its users copy .env.example to .env first
+SETUP = Preset(PRESET, "Dify", image_prefix="langgenius/dify-", secrets=SECRETS, dotenv_example=True)
 
 API = Adapter(
     family="dify-api",
@@ -162,10 +163,10 @@ def _private_allow_list(draft: Draft, env: Dict[str, str]) -> str:
     ips = [x.strip() for x in env.get("SSRF_PROXY_ALLOW_PRIVATE_IPS", "").split(",") if x.strip()]
     domains = [x.strip() for x in env.get("SSRF_PROXY_ALLOW_PRIVATE_DOMAINS", "").split(",") if x.strip()]
     network = draft.refs.network
-    for service in draft.options.get("model_servers") or {}:
+    for service in draft.model_servers:
         if network is not None and service in network.own:
             ips.append(f"{network.names_address(service)}/32")
-    for item in draft.options.get("ssrf_allow") or []:
+    for item in draft.ssrf_allow:
         (ips if re.fullmatch(r"[0-9a-fA-F.:/]+", item) else domains).append(item)
     lines = ["# compose2sif: private destinations Dify's SSRF proxy may reach (model servers, --ssrf-allow),",
              "# and the stack's own loopback addresses as clients, like Dify's private networks"]
@@ -208,6 +209,8 @@ NGINX = Nginx(
     writable=nginx.ADAPTER.writable,
     workdir="/",
     entry_path="/install",  # where Dify's admin account is made
+    entry_port=nginx.ADAPTER.entry_port,
+    tls_port=nginx.ADAPTER.tls_port,
     preset=PRESET,
 )
 SQUID = Squid(

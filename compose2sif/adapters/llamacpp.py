@@ -1,6 +1,6 @@
 """llama.cpp's llama-server: `--host` and `--port`."""
 from compose2sif.adapters.base import Adapter
-from compose2sif.plan.knobs import Knob
+from compose2sif.types import Knob
 
 ADAPTER = Adapter(
     family="llama.cpp",

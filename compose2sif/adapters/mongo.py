@@ -1,6 +1,6 @@
 """MongoDB: `--port` and `--bind_ip` on mongod's command line."""
 from compose2sif.adapters.base import Adapter
-from compose2sif.plan.knobs import Knob
+from compose2sif.types import Knob
 
 ADAPTER = Adapter(
     family="mongo",

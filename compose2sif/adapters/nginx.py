@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, Tuple
+from typing import Dict, List, Set, Tuple
 
 from compose2sif.adapters.base import Adapter, Draft
-from compose2sif.plan.knobs import Knob
-from compose2sif.plan.types import Bind
+from compose2sif.types import Bind, Knob
 
 
 class Nginx(Adapter):
@@ -31,7 +30,11 @@ class Nginx(Adapter):
         draft.warnings += warnings
         draft.configs.update(rendered)
         if draft.tls:
-            draft.binds = _add_tls(draft)
+            draft.binds = _add_tls(draft, self.entry_port, self.tls_port)
+
+    def names_not_hosts(self, text: str) -> Set[str]:
+        """`upstream NAME {}` blocks: `proxy_pass http://NAME` means the block, not a host."""
+        return set(re.findall(r"\bupstream\s+([\w.-]+)\s*\{", text))
 
 
 ADAPTER = Nginx(
@@ -41,6 +44,8 @@ ADAPTER = Nginx(
     address=Knob("config", "nginx listen"),
     per_port_address=True,
     entry_path="/",
+    entry_port=80,
+    tls_port=443,
     writable=("/var/cache/nginx", "/var/run", "/run", "/var/log/nginx", "/var/lib/nginx"),
     workdir="/",  # the image's WORKDIR
 )
@@ -190,16 +195,17 @@ server {{
 """
 
 
-def _add_tls(draft: Draft) -> List[Bind]:
-    """HTTPS for an nginx service: a TLS server on its port 443 plan, forwarding to its port 80."""
-    http, tls = draft.endpoints.get(80), draft.endpoints.get(443)
+def _add_tls(draft: Draft, http_port: int, tls_port: int) -> List[Bind]:
+    """HTTPS for an nginx service: a TLS server on its TLS_PORT plan, forwarding to its HTTP_PORT."""
+    http, tls = draft.endpoints.get(http_port), draft.endpoints.get(tls_port)
     if http is None or tls is None:
-        draft.warnings.append(f"service {draft.name!r}: --tls needs nginx listening on port 80; HTTPS not added")
+        draft.warnings.append(f"service {draft.name!r}: --tls needs nginx listening on port {http_port}; "
+                              "HTTPS not added")
         return draft.binds
     published = http.published or tls.published
     address = tls.address if tls.published else ("0.0.0.0" if published else http.address)
     tls.address, tls.published = address, published
-    draft.tls_ports[draft.name] = tls.host
+    draft.serves_https = True
     extra = [Bind("tls", TLS_DIR, True, "config", False)]
     conf_d = next((b for b in draft.binds if b.target == "/etc/nginx/conf.d" and b.kind == "config"), None)
     upstream = http.address if http.address not in ("0.0.0.0", "::") else "127.0.0.1"

@@ -1,7 +1,7 @@
 """PostgreSQL (and images built on it: pgvector, postgis): PGPORT moves its port, `-c
 listen_addresses=` tells it its address; its Unix socket directory must be writable."""
 from compose2sif.adapters.base import Adapter
-from compose2sif.plan.knobs import Knob
+from compose2sif.types import Knob
 
 ADAPTER = Adapter(
     family="postgres",

@@ -6,11 +6,11 @@ import re
 import shlex
 from typing import Dict, List
 
-from compose2sif.adapters.base import Adapter, Draft
-from compose2sif.plan.knobs import Knob
-from compose2sif.plan.types import Bind
+from compose2sif.adapters.base import Adapter, Draft, PasswordClient
+from compose2sif.types import Bind, Knob
 
 SECRETS_FILE = "/etc/compose2sif/redis.conf"
+CLI = PasswordClient("redis-cli", "REDISCLI_AUTH", flags=("-a", "--pass"))
 
 
 class Redis(Adapter):
@@ -33,6 +33,7 @@ ADAPTER = Redis(
     address=Knob("flag", "--bind", "{address}"),
     default_command=("redis-server",),
     workdir="/data",  # the image's WORKDIR
+    clients=(CLI,),
 )
 
 
@@ -54,20 +55,21 @@ def _password_to_file(draft: Draft) -> List[str]:
     path = f"config/{draft.name}/redis/compose2sif.conf"
     draft.configs[path] = "\n".join(lines) + "\n"
     draft.binds.append(Bind(path, SECRETS_FILE, True, "config", False))
-    draft.environment.setdefault("REDISCLI_AUTH", secret)  # redis-cli (healthchecks, exec) reads it
+    draft.environment.setdefault(CLI.variable, secret)  # redis-cli (healthchecks, exec) reads it
     return argv[:server + 1] + [SECRETS_FILE] + argv[server + 1:]
 
 
 def _cli_auth(test: List[str], env: Dict[str, str]) -> List[str]:
-    """`redis-cli -a SECRET`: authenticate through REDISCLI_AUTH instead."""
-    if test and test[0] == "CMD" and "-a" in test[:-1]:
-        i = test.index("-a")
-        env.setdefault("REDISCLI_AUTH", test[i + 1])
-        return test[:i] + test[i + 2:]
+    """`redis-cli -a SECRET`: authenticate through REDISCLI_AUTH (CLI.variable) instead."""
+    if test and test[0] == "CMD":
+        kept, secret = CLI.take_password(test[1:])
+        if secret is not None:
+            env.setdefault(CLI.variable, secret)
+            return [test[0], *kept]
     if test and test[0] == "CMD-SHELL":
         match = re.search(r"\s-a\s+(\"[^\"]*\"|'[^']*'|\S+)", test[1])
         if match:
-            env.setdefault("REDISCLI_AUTH", shlex.split(match.group(1))[0])
+            env.setdefault(CLI.variable, shlex.split(match.group(1))[0])
             return [test[0], test[1][:match.start()] + test[1][match.end():]]
     return test
 

@@ -1,6 +1,6 @@
 """Squid (Dify's SSRF proxy image reads HTTP_PORT in its entrypoint)."""
 from compose2sif.adapters.base import Adapter
-from compose2sif.plan.knobs import Knob
+from compose2sif.types import Knob
 
 ADAPTER = Adapter(
     family="squid",

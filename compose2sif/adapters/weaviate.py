@@ -1,6 +1,6 @@
 """Weaviate: its image's CMD is `--host 0.0.0.0 --port 8080 --scheme http`; gRPC on GRPC_PORT."""
 from compose2sif.adapters.base import Adapter
-from compose2sif.plan.knobs import Knob
+from compose2sif.types import Knob
 
 ADAPTER = Adapter(
     family="weaviate",

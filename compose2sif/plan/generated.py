@@ -1,18 +1,19 @@
 """Generated secrets in place of public defaults.
 
-Some projects ship secrets everybody knows (Dify's `DB_PASSWORD=difyai123456`). On a shared node
-every user reaches every loopback address, so those must go. Presets list the variables and
-their public defaults (``adapters.PRESET_SECRETS``). A variable that is unset, or set to its public
+Some projects ship secrets everybody knows (a `DB_PASSWORD=changeme123` in their compose file). On a
+shared node every user reaches every loopback address, so those must go. Presets list the variables
+and their public defaults (``Preset.secrets`` in compose2sif.adapters). A variable that is unset, or set to its public
 default, gets a random value, kept 0600 in the output directory (``secrets.env``) and reused on the next convert.
 The values reach the project through interpolation (the project is loaded again with them in its
 environment, as if the user had set them), and any public default left over in a value (an
-env_file line such as `CELERY_BROKER_URL=redis://:difyai123456@redis:6379/1`) is replaced too.
+env_file line such as `BROKER_URL=kv://:changeme123@cache:6379/1`) is replaced too.
 """
 from __future__ import annotations
 
 import os
 import re
 import secrets as random
+import shlex
 from typing import Dict, List, Tuple
 
 SECRETS_FILE = "secrets.env"
@@ -46,17 +47,35 @@ def file_text(chosen: Dict[str, str]) -> str:
     return "\n".join(lines + [f"{k}={v}" for k, v in sorted(chosen.items())]) + "\n"
 
 
+def users(out_dir: str, values: Dict[str, str]) -> Dict[str, List[str]]:
+    """Variable -> the `service:VARIABLE` entries of the env files that carry its generated value."""
+    found: Dict[str, List[str]] = {}
+    env_dir = os.path.join(out_dir, "env")
+    for name in sorted(os.listdir(env_dir)) if os.path.isdir(env_dir) else []:
+        if not name.endswith(".env") or name.endswith(".eval.env"):
+            continue
+        with open(os.path.join(env_dir, name), encoding="utf-8") as fh:
+            for line in fh:
+                key, sep, value = line.rstrip("\n").partition("=")
+                if sep and not key.startswith("#") and key != "C2S_LAUNCH":
+                    for variable, secret in values.items():
+                        if secret in "".join(shlex.split(value)):
+                            found.setdefault(variable, []).append(f"{name[:-4]}:{key}")
+    return found
+
+
 class Replacer:
     """Replaces public defaults left in values by the generated secret of their variable. A default
-    shared by several variables (Dify's DB and Redis passwords) goes to the one whose name the
-    text's context names (`redis://...` -> REDIS_PASSWORD), else to the first."""
+    shared by several variables (a database's and a cache's password) goes to the one whose name the
+    text's context names (`cache://...` -> CACHE_PASSWORD), else to the first."""
 
     def __init__(self, table: Dict[str, str], chosen: Dict[str, str]):
+        self.chosen = chosen  # variable -> generated value, kept in SECRETS_FILE
         self.by_default: Dict[str, List[Tuple[str, str]]] = {}
         for variable, default in sorted(table.items()):
             if variable in chosen and default:
                 self.by_default.setdefault(default, []).append((variable, chosen[variable]))
-        # short defaults ("dify-sandbox" is also an image name) are replaced only as whole values
+        # short defaults (one may also be an image name) are replaced only as whole values
         long = [d for d in self.by_default if len(d) >= 12]
         self._pattern = re.compile("|".join(re.escape(d) for d in sorted(long, key=len, reverse=True))) if long else None
 

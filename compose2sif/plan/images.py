@@ -1,7 +1,7 @@
 """Where each service's image comes from, and the Singularity definition that builds its SIF.
 
-One definition per distinct image source: services that share an image (Dify's api, worker and
-worker_beat) share one definition and one SIF. Every definition gets the same ``%startscript``:
+One definition per distinct image source: services that share an image (a web app's api, worker
+and scheduler) share one definition and one SIF. Every definition gets the same ``%startscript``:
 it runs the service's launch line from its environment (``C2S_LAUNCH``, written by the planner),
 or else the image's own ENTRYPOINT+CMD. That makes ``instance start`` work on every Apptainer and
 SingularityCE version, including the old setuid installs on RHEL7 (no ``instance run`` there).
@@ -43,7 +43,6 @@ class ImageSource:
     workdir: Optional[str] = None  # known from a Dockerfile
     exposed: List[int] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
-    pull_candidate: Optional[str] = None  # built, but pulled instead when its registry has this image
 
     @property
     def digest(self) -> str:
@@ -56,7 +55,7 @@ def _key(text: str) -> str:
 
 
 def docker_reference(image: str, mirror: Optional[str]) -> str:
-    """`nginx:1.27` -> `MIRROR/library/nginx:1.27` when a mirror is given for Docker Hub."""
+    """`httpd:2.4` -> `MIRROR/library/httpd:2.4` when a mirror is given for Docker Hub."""
     if not mirror:
         return image
     first = image.split("/", 1)[0]
@@ -70,7 +69,7 @@ def docker_reference(image: str, mirror: Optional[str]) -> str:
 
 
 def _image_name(image: str) -> str:
-    """An image reference as Docker resolves it: `redis` and `docker.io/library/redis:latest` are one."""
+    """An image reference as Docker resolves it: `httpd` and `docker.io/library/httpd:latest` are one."""
     for prefix in ("docker.io/", "index.docker.io/"):
         if image.startswith(prefix):
             image = image[len(prefix):]
@@ -134,7 +133,7 @@ def pull_or_build(service: Service, image_configs: Optional[Dict[str, Any]]) -> 
     ``pull_policy: build`` always builds; otherwise (missing, always, daily...) the image is pulled
     when it can be had and built when it cannot. Here "can be had" is "its registry gave us its
     configuration" (``image_configs``, filled by convert unless --offline)."""
-    policy = str(service.raw.get("pull_policy") or "missing")
+    policy = service.pull_policy
     if policy == "build":
         return "build", None
     if policy == "never":
@@ -145,6 +144,25 @@ def pull_or_build(service: Service, image_configs: Optional[Dict[str, Any]]) -> 
                         "(pull_policy: build builds it)")
     return "build", (f"service {service.name!r}: image {service.image} could not be read from its registry "
                      "(--offline, or it is not there): built from build: instead")
+
+
+def registry_questions(services: List[Service], cli_sources: Dict[str, str]) -> List[Tuple[str, bool]]:
+    """(image, whether a service surely runs it as pulled) of every image whose registry convert asks
+    for its configuration before plan_images: the images services run, and the images of services
+    that both build and name one (pulled instead of built when their registry has them)."""
+    questions: Dict[str, bool] = {}
+    for service in services:
+        where = f"services.{service.name}.image"
+        override = source_override(service, cli_sources)
+        if override:
+            if "docker" in override:
+                questions[_checked(override["docker"], f"services.{service.name}.x-compose2sif.image")] = True
+        elif service.build is not None:
+            if service.image and service.pull_policy != "build":
+                questions.setdefault(_checked(service.image, where), False)
+        elif service.image:
+            questions[_checked(service.image, where)] = True
+    return list(questions.items())
 
 
 def plan_images(services: List[Service], working_dir: str, mirror: Optional[str],
@@ -230,8 +248,6 @@ def plan_images(services: List[Service], working_dir: str, mirror: Optional[str]
                 source = pulled(service.image, f"services.{service.name}.image")
             else:
                 source = add(*build)
-                if service.image and decision_note is not None:
-                    source.pull_candidate = service.image
         elif service.image:
             source = pulled(service.image, f"services.{service.name}.image")
         else:

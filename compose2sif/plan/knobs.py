@@ -10,33 +10,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
-WILDCARDS = ("0.0.0.0", "::", "[::]", "*", "")
+from compose2sif.adapters import Adapter, Draft
+from compose2sif.errors import ComposeError
+from compose2sif.model import Service
+from compose2sif.plan.network import IMAGE_DEFAULT, IMAGE_EXPOSE, Listen, ServiceNet, strong
+from compose2sif.types import WILDCARDS, Knob
 
-
-@dataclass(frozen=True)
-class Knob:
-    """How to tell a service a value. ``template`` uses {address} and {port}.
-
-    kind ``env``: set the variable ``name``; ``flag``: put ``name VALUE`` on the command line,
-    replacing an existing one (``append``: add one more, for repeatable flags such as ``-c``);
-    ``argv``: replace the text at ``where`` = (argument index, start, end) of the launch argv;
-    ``config``: an adapter rewrites a config file it renders.
-    """
-    kind: str
-    name: str = ""
-    template: str = "{value}"
-    where: Optional[Tuple[int, int, int]] = None
-    append: bool = False
-
-    def describe(self) -> str:
-        if self.kind == "env":
-            return f"env {self.name}"
-        if self.kind in ("flag", "argv"):
-            return f"flag {self.name}"
-        return self.name or self.kind
-
+RUNSCRIPT = "/.singularity.d/runscript"
 
 @dataclass
 class Found:
@@ -172,3 +154,129 @@ def apply_argv_edits(argv: List[str], edits: List[Tuple[Tuple[int, int, int], st
     for (index, start, end), text in sorted(edits, key=lambda e: (e[0][0], -e[0][1])):
         out[index] = out[index][:start] + text + out[index][end:]
     return out
+
+
+# ---- one service: what it listens on, and telling it ---------------------------------------------
+
+def hints(service: Service) -> Dict[str, Any]:
+    """The service's x-compose2sif mapping."""
+    found = service.extensions.get("x-compose2sif") or {}
+    if not isinstance(found, dict):
+        raise ComposeError("must be a mapping", path=f"services.{service.name}.x-compose2sif")
+    return found
+
+
+def _hint_knob(spec: Any, what: str, path: str) -> Optional[Knob]:
+    """{env: NAME[, template: ...]}, {flag: --name} or {fixed: true} (None: known, cannot be told)."""
+    if isinstance(spec, dict) and spec.get("fixed") is True and len(spec) == 1:
+        return None
+    if isinstance(spec, dict) and isinstance(spec.get("env"), str) and spec["env"]:
+        return Knob("env", spec["env"], str(spec.get("template", "{%s}" % what)))
+    if isinstance(spec, dict) and isinstance(spec.get("flag"), str) and spec["flag"].startswith("-"):
+        return Knob("flag", spec["flag"], "{%s}" % what)
+    raise ComposeError(f"expected {{env: NAME}}, {{flag: --name}} or {{fixed: true}}, not {spec!r}", path=path)
+
+
+def service_net(service: Service, adapter: Optional[Adapter], launch: Optional[List[str]], exposed: List[int],
+                found: Found, names: List[str]) -> ServiceNet:
+    """Everything that says where the service listens, and the knobs that can tell it otherwise."""
+    path = f"services.{service.name}.x-compose2sif"
+    hinted_all = hints(service)
+    flags_work = launch is not None or (adapter is not None and adapter.default_command is not None)
+
+    def usable(knob: Optional[Knob]) -> Optional[Knob]:
+        if knob is None or (knob.kind == "flag" and not flags_work):
+            return None
+        if knob.kind == "config" and adapter is not None and not adapter.configurable(service):
+            return None
+        return knob
+
+    evidence: Dict[int, List[str]] = {}
+    port_knobs: Dict[int, Optional[Knob]] = {}
+    fixed: Set[int] = set()
+
+    def saw(port: int, where: str) -> None:
+        evidence.setdefault(port, [])
+        if where not in evidence[port]:
+            evidence[port].append(where)
+
+    hinted = hinted_all.get("ports") or {}
+    if not isinstance(hinted, dict):
+        raise ComposeError("must be a mapping of port numbers", path=f"{path}.ports")
+    for key, spec in hinted.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and 0 < int(key) < 65536):
+            raise ComposeError(f"{key!r} is not a port number", path=f"{path}.ports")
+        knob = _hint_knob(spec, "port", f"{path}.ports.{key}")
+        saw(int(key), "x-compose2sif")
+        if knob is None:
+            fixed.add(int(key))
+        port_knobs.setdefault(int(key), knob)
+    for port, knob in (adapter.ports if adapter else {}).items():
+        if knob.kind == "config":  # the adapter renders the config: its `listen` is the knob
+            port_knobs.setdefault(port, knob)
+    for port, where in found.evidence.items():
+        for w in where:
+            saw(port, w)
+        if port in found.ports:
+            port_knobs.setdefault(port, found.ports[port])
+    for port, knob in (adapter.ports if adapter else {}).items():
+        saw(port, IMAGE_DEFAULT)
+        port_knobs.setdefault(port, knob)
+    listens: Dict[int, Listen] = {}
+    for mapping in service.ports:
+        if mapping.protocol != "tcp":
+            continue
+        saw(mapping.target, "ports")
+        listens.setdefault(mapping.target, Listen(mapping.target, [], None, mapping.published or "", mapping.host_ip))
+    for item in service.expose:
+        first, _, last = item.split("/")[0].partition("-")  # "9000", "7000-7002", "53/udp"
+        if first.isdigit() and (last or first).isdigit() and not item.endswith("/udp"):
+            for port in range(int(first), min(int(last or first), int(first) + 100) + 1):
+                saw(port, "expose")
+    for port in exposed:
+        saw(port, IMAGE_EXPOSE)
+    for port, where in sorted(evidence.items()):
+        if all(e.startswith("variable ") for e in where) and not strong(where):
+            continue  # only a FOO_PORT variable says so: it knows the port, it does not prove a listener
+        listen = listens.setdefault(port, Listen(port, [], None))
+        listen.evidence = where
+        listen.knob = None if port in fixed else usable(port_knobs.get(port))
+        listen.weak = not strong(where)
+    address_hint = hinted_all.get("bind_address")
+    if address_hint is not None:
+        address_knobs = [_hint_knob(address_hint, "address", f"{path}.bind_address")]
+    elif adapter is not None and adapter.address is not None and adapter.address.kind == "config":
+        address_knobs = [adapter.address]
+    else:
+        address_knobs = found.addresses or ([adapter.address] if adapter and adapter.address else [])
+    return ServiceNet(service.name, names, listens, [k for k in map(usable, address_knobs) if k is not None],
+                      per_port_address=bool(adapter and adapter.per_port_address))
+
+
+def tell(draft: Draft, net: ServiceNet, adapter: Optional[Adapter]) -> None:
+    """Set the knobs: the service's address (unless it listens on all), and each moved port."""
+    values: List[Tuple[Knob, Dict[str, Any]]] = []   # knob, {address, port, value}
+    if draft.address not in WILDCARDS:
+        for knob in net.address_knobs:
+            port = next((e.host for e in draft.endpoints.values() if net.listens[e.container].knob == knob), "")
+            values.append((knob, {"address": draft.address, "port": port, "value": draft.address}))
+    for endpoint in draft.endpoints.values():
+        knob = net.listens[endpoint.container].knob
+        if endpoint.moved and knob is not None and knob not in net.address_knobs:
+            values.append((knob, {"address": endpoint.address, "port": endpoint.host, "value": endpoint.host}))
+    edits, flags = [], []
+    for knob, value in values:
+        text = knob.template.format(**value)
+        if knob.kind == "env":
+            draft.environment[knob.name] = text
+        elif knob.kind == "argv":
+            edits.append((knob.where, text))
+        elif knob.kind == "flag":
+            flags.append((knob, text))
+    if edits:
+        draft.launch = apply_argv_edits(draft.launch, edits)
+    if flags:
+        if draft.launch is None:
+            draft.launch = [RUNSCRIPT, *adapter.default_command]
+        for knob, text in flags:
+            draft.launch = set_flag(draft.launch, knob.name, text, knob.append)

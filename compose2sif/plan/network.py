@@ -20,17 +20,17 @@ from __future__ import annotations
 import os
 import re
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
+from compose2sif import adapters
 from compose2sif.errors import ComposeError
-from compose2sif.plan.knobs import Knob
+from compose2sif.types import WILDCARD, WILDCARDS, Endpoint, Knob, NetworkPlan
 
 PORT_BLOCK = 100
 FIRST_BLOCK_PORT = 20000
 BLOCKS = 300                      # port blocks start at 20000 .. 49900
 ADDRESS_BLOCKS = 254 * 256        # 127.1.0.0/24 .. 127.254.255.0/24
-WILDCARD = "0.0.0.0"
 IMAGE_EXPOSE, IMAGE_DEFAULT = "image EXPOSE", "image default"
 OPTIONAL_EVIDENCE = (IMAGE_EXPOSE, IMAGE_DEFAULT)  # an image may never open such a port: not checked at run time
 DECLARED = ("ports", "expose")  # what the compose file declares (Docker publishes a port nobody opens, too)
@@ -102,8 +102,7 @@ def node_listeners() -> Set[Tuple[str, int]]:
 
 def overlaps(a: Tuple[str, int], b: Tuple[str, int]) -> bool:
     """Two listeners on one port collide when their addresses are equal or either is a wildcard."""
-    wild = (WILDCARD, "::")
-    return a[1] == b[1] and (a[0] == b[0] or a[0] in wild or b[0] in wild)
+    return a[1] == b[1] and (a[0] == b[0] or a[0] in WILDCARDS or b[0] in WILDCARDS)
 
 
 @dataclass
@@ -124,37 +123,7 @@ class ServiceNet:
     names: List[str]                  # service name, container_name, hostname, aliases
     listens: Dict[int, Listen]
     address_knobs: List[Knob]         # empty: it cannot be told an address and listens on all of them
-    per_port_address: bool = False    # each port can listen on an address of its own (nginx's `listen`)
-
-
-@dataclass
-class Endpoint:
-    container: int
-    host: int                         # the port it listens on
-    address: str                      # the address it listens on
-    published: bool
-    knob: Optional[Knob]
-    evidence: List[str]
-    required: bool                    # something says it listens there (not only the image's EXPOSE)
-
-    @property
-    def moved(self) -> bool:
-        return self.host != self.container
-
-
-@dataclass
-class NetworkPlan:
-    address_block: str
-    port_base: int
-    own: Dict[str, str]                             # service -> its own loopback address
-    address: Dict[str, str]                         # service -> the address it is told (or 0.0.0.0)
-    endpoints: Dict[str, Dict[int, Endpoint]]       # service -> container port -> endpoint
-    warnings: List[str] = field(default_factory=list)
-
-    def names_address(self, service: str) -> str:
-        """Where the service's names point: its address, or its own one when it listens on all."""
-        address = self.address[service]
-        return self.own[service] if address in (WILDCARD, "::") else address
+    per_port_address: bool = False    # each port can listen on an address of its own (a config's `listen`)
 
 
 def _port_variable(evidence: str) -> bool:
@@ -294,7 +263,7 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
 
     for s in services:
         for endpoint in endpoints[s.name].values():
-            if endpoint.address in (WILDCARD, "::"):
+            if endpoint.address in WILDCARDS:
                 if endpoint.published:
                     warnings.append(f"service {s.name!r} is published on all interfaces: {endpoint.address}:"
                                     f"{endpoint.host} (published in the compose file)")
@@ -344,10 +313,10 @@ class References:
         """(service, port) of every ``name:port`` and bare ``http://name`` in the text."""
         found = []
         if self._named is not None:
-            upstreams = _upstreams(text)
+            local = adapters.names_not_hosts(text)
             found += [(self.service_of[m.group(1)], int(m.group(2))) for m in self._named.finditer(text)]
             found += [(self.service_of[m.group(3)], _SCHEME_PORTS[m.group(1)]) for m in self._bare.finditer(text)
-                      if m.group(3) not in upstreams]
+                      if m.group(3) not in local]
         return found
 
     def rewrite(self, text: str, service: Optional[str] = None, own_host: bool = False) -> str:
@@ -356,12 +325,12 @@ class References:
         if self._named is not None and self.moved:
             text = self._named.sub(
                 lambda m: f"{m.group(1)}:{self.port_of(m.group(1), int(m.group(2))) or m.group(2)}", text)
-            upstreams = _upstreams(text)
-            text = self._bare.sub(lambda m: m.group(0) if m.group(3) in upstreams else self._bare_url(m), text)
+            local = adapters.names_not_hosts(text)
+            text = self._bare.sub(lambda m: m.group(0) if m.group(3) in local else self._bare_url(m), text)
         if service is not None and self.network is not None:
             endpoints = self.network.endpoints.get(service, {})
             address = self.network.address.get(service, WILDCARD)
-            host_for = (lambda h: address) if own_host and address not in (WILDCARD, "::") else (lambda h: h)
+            host_for = (lambda h: address) if own_host and address not in WILDCARDS else (lambda h: h)
 
             def own(m: "re.Match[str]") -> str:
                 endpoint = endpoints.get(int(m.group(2)))
@@ -369,7 +338,7 @@ class References:
                     return m.group(0)
                 return f"{host_for(m.group(1))}:{endpoint.host}"
             text = re.sub(r"(?<![\w.-])(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):(\d{1,5})(?!\d)", own, text)
-            if own_host and address not in (WILDCARD, "::"):
+            if own_host and address not in WILDCARDS:
                 text = re.sub(r"(?<![\w.-])(localhost|127\.0\.0\.1)(?![\w.:-])", address, text)
         return text
 
@@ -384,11 +353,6 @@ class References:
             if new is not None:
                 out[key] = str(new)
         return out
-
-
-def _upstreams(text: str) -> Set[str]:
-    """Names of nginx `upstream NAME {}` blocks: `proxy_pass http://NAME` means the block, not a host."""
-    return set(re.findall(r"\bupstream\s+([\w.-]+)\s*\{", text))
 
 
 def host_port_pairs(env: Dict[str, Optional[str]]) -> List[Tuple[str, str, int]]:

@@ -1,17 +1,11 @@
-"""The plan's data: plain dataclasses that the renderer writes out (plan.json, run.sh, env files)."""
+"""The plan's data: plain dataclasses that the renderer writes out (plan.json, run.sh, env files),
+and nothing else: every file of the output directory comes from a Plan."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-
-@dataclass
-class Bind:
-    source: str            # host path; relative paths are relative to the output directory
-    target: str
-    read_only: bool = False
-    kind: str = "bind"     # bind | volume | scratch | tmpfs | config
-    create: bool = False   # create the host directory when missing (Compose's create_host_path)
+from compose2sif.types import Bind
 
 
 @dataclass
@@ -20,7 +14,7 @@ class PortPlan:
     host: int              # the port it listens on
     address: str           # the address it listens on (its own, 127.0.0.1, or 0.0.0.0 for all)
     published: bool
-    how: str               # how it is told: env:NAME | flag:--port | config | fixed (it cannot be told)
+    how: str               # how it is told: env:NAME | flag:--port | config | tls | fixed (it cannot be told)
     evidence: List[str] = field(default_factory=list)  # where this port was seen
     required: bool = True  # False: seen only in the image's EXPOSE, so it may never be opened
 
@@ -42,7 +36,7 @@ class ServicePlan:
     binds: List[Bind]
     gpus: List[Dict[str, Any]]        # [{"count": N|-1, "device_ids": [...]}]
     nv: bool
-    healthcheck: Optional[Dict[str, Any]]
+    healthcheck: Optional[Dict[str, Any]]  # its test carries no password: that is in probe_environment
     restart: str
     depends_on: List[Dict[str, Any]]
     stop_signal: str
@@ -52,6 +46,18 @@ class ServicePlan:
     adapter: Optional[str] = None     # the image family whose adapter shaped it
     fakeroot: Optional[Dict[str, Any]] = None  # {"ids": N, "without": line}: --fakeroot where ids 0..N map
     warnings: List[str] = field(default_factory=list)
+    probe_environment: Dict[str, str] = field(default_factory=dict)  # added for the healthcheck (a password)
+
+
+@dataclass
+class ImagePlan:
+    kind: str                         # docker | docker-archive | oci-archive | sif | build
+    ref: str                          # image reference, archive path, SIF path or build context
+    services: List[str]
+    definition: str                   # definitions/<key>.def
+    sif: str                          # sif/<key>.sif
+    digest: str                       # of the definition's text
+    text: str = ""                    # the definition
 
 
 @dataclass
@@ -62,20 +68,26 @@ class Plan:
     address_block: str                # 127.A.B: this user's and project's /24 of loopback addresses
     port_base: int
     hosts: List[Tuple[str, List[str]]]  # (address, names) lines of the hosts file
-    images: Dict[str, Dict[str, Any]]
+    images: Dict[str, ImagePlan]
     services: List[ServicePlan]
     configs: Dict[str, str]           # rendered config files: path in the output dir -> content
     warnings: List[str]
     tls: Optional[Dict[str, Any]] = None  # {"cert", "key": paths in the output dir, "source": given files or None}
     entry_points: List[Dict[str, Any]] = field(default_factory=list)  # published web endpoints `up` prints
+    generated_secrets: Dict[str, str] = field(default_factory=dict)   # variable -> value, for secrets.env
 
     def service(self, name: str) -> ServicePlan:
         return next(s for s in self.services if s.name == name)
 
     def to_json(self) -> Dict[str, Any]:
+        """plan.json: every decision, no secret (environments by name only)."""
         data = asdict(self)
         data.pop("configs")
+        data.pop("generated_secrets")
         data["configs"] = sorted(self.configs)
+        for image in data["images"].values():
+            image.pop("text")
         for service in data["services"]:
-            service["environment"] = sorted(service["environment"])  # names only: values are secrets
+            service["environment"] = sorted(service["environment"])
+            service.pop("probe_environment")
         return data

@@ -1,0 +1,381 @@
+"""build_plan in four phases, each a function of what the one before found:
+
+    discover   the services, their images, their adapters, and what says where each listens
+    place      every service's address and every port (network.py)
+    draft      per service: binds, knobs told, references rewritten, its adapter's finish
+    assemble   the Plan: what render writes, every decision, every warning
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from compose2sif import adapters as image_adapters
+from compose2sif.adapters import Adapter, Draft
+from compose2sif.load import Project
+from compose2sif.model import Service, services as typed_services
+from compose2sif.plan import knobs, secrets
+from compose2sif.plan.binds import STATE, rewrite_bound_files, service_binds, texts_of
+from compose2sif.plan.generated import Replacer
+from compose2sif.plan.images import ImageSource, plan_images
+from compose2sif.plan.knobs import RUNSCRIPT, Found
+from compose2sif.plan.network import (References, ServiceNet, default_port_base, free_address_block, host_port_pairs,
+                                      node_listeners, plan_network)
+from compose2sif.plan.types import ImagePlan, Plan, PortPlan, ServicePlan
+from compose2sif.support import unsupported_warnings
+from compose2sif.types import NetworkPlan
+
+_HOST_KEYS = ("_HOST", "_HOSTNAME", "_ADDR", "_SERVER")
+_VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # what an --env-file can carry
+
+
+@dataclass
+class PlanOptions:
+    registry_mirror: Optional[str] = None
+    image_sources: Dict[str, str] = field(default_factory=dict)   # service -> KIND:PATH
+    port_base: Optional[int] = None                               # first port of the block moved ports go to
+    address_block: Optional[str] = None                           # 127.A.B: the services' /24 of addresses
+    uid: Optional[int] = None
+    busy: Optional[Set[Tuple[str, int]]] = None                   # (address, port) listening on the node
+    presets: Optional[Set[str]] = None                            # project-family presets; default: detected
+    secrets: Optional[Replacer] = None                            # generated values for public default secrets
+    ssrf_allow: List[str] = field(default_factory=list)           # private destinations SSRF proxies may reach
+    image_configs: Dict[str, Any] = field(default_factory=dict)   # image ref -> registry.ImageConfig
+    tls: bool = False                                             # HTTPS in front of each web front that can
+    tls_files: Optional[Tuple[str, str]] = None                   # (cert, key); default: a self-signed pair
+
+
+@dataclass
+class Discovery:
+    """What the project says before anything is decided."""
+    services: Dict[str, Service]
+    images: Dict[str, ImageSource]
+    image_of: Dict[str, str]                        # service -> image key
+    presets: Set[str]
+    adapters: Dict[str, Optional[Adapter]]
+    model_servers: Dict[str, str]                   # services that serve models -> their family
+    names: Dict[str, List[str]]                     # service -> its names (service, container_name, hostname, aliases)
+    launches: Dict[str, Optional[List[str]]]
+    nets: Dict[str, ServiceNet]
+    warnings: List[str]
+
+
+def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
+    options = options or PlanOptions()
+    found = discover(project, options)
+    network = place(project, found, options)
+    refs = References(found.names, network)
+    configs: Dict[str, str] = {}
+    drafts = {name: draft(name, project, found, network, refs, configs, options) for name in found.services}
+    return assemble(project, found, network, drafts, configs, options)
+
+
+# ---- discover ----------------------------------------------------------------------------------
+
+def discover(project: Project, options: PlanOptions) -> Discovery:
+    services = typed_services(project)
+    warnings: List[str] = list(project.warnings)
+    images = plan_images(list(services.values()), project.working_dir, options.registry_mirror, options.image_sources,
+                         options.image_configs)
+    image_of = {name: key for key, source in images.items() for name in source.services}
+    for source in images.values():
+        warnings.extend(source.warnings)
+    presets = options.presets if options.presets is not None else \
+        image_adapters.presets_for(s.image for s in services.values())
+    adapters = {name: image_adapters.adapter_for(s.image, presets) for name, s in services.items()}
+    names = {name: list(dict.fromkeys(n for n in [name, s.container_name, s.hostname, *s.aliases] if n))
+             for name, s in services.items()}
+    launches = {name: _launch(s) for name, s in services.items()}
+    found = _evidence(services, adapters, names, launches)
+    nets: Dict[str, ServiceNet] = {}
+    for name, service in services.items():
+        config = options.image_configs.get(service.image or "")
+        exposed = list(images[image_of[name]].exposed) + (list(config.exposed) if config else [])
+        nets[name] = knobs.service_net(service, adapters[name], launches[name], exposed, found[name], names[name])
+    model_servers = {name: a.family for name, a in adapters.items() if a is not None and a.model_server}
+    return Discovery(services, images, image_of, presets, adapters, model_servers, names, launches, nets, warnings)
+
+
+def _launch(service: Service) -> Optional[List[str]]:
+    """The argv the start script runs, as compose says it; None: the image's ENTRYPOINT and CMD."""
+    if service.entrypoint is not None:
+        return list(service.entrypoint) + list(service.command or [])
+    if service.command is not None:
+        return [RUNSCRIPT] + list(service.command)
+    return None
+
+
+def _evidence(services: Dict[str, Service], adapters: Dict[str, Optional[Adapter]], names: Dict[str, List[str]],
+              launches: Dict[str, Optional[List[str]]]) -> Dict[str, Found]:
+    """Where each service listens, as its own settings and its clients say."""
+    peers = {n.lower() for ns in names.values() for n in ns}
+    found: Dict[str, Found] = {}
+    for name, service in services.items():
+        found[name] = Found()
+        knobs.from_environment(service.environment, peers - {n.lower() for n in names[name]}, found[name])
+        if launches[name] is not None:
+            knobs.from_argv(launches[name], found[name])
+        if service.healthcheck is not None:
+            knobs.from_healthcheck(list(service.healthcheck.test), found[name])
+    finder = References(names)
+    for name, service in services.items():  # what clients say: `db:5432`, `http://web/`, DB_HOST + DB_PORT
+        pairs = [(host, port) for _, host, port in host_port_pairs(service.environment)]
+        for server, port in [r for _, text in texts_of(service) for r in finder.references(text)] + \
+                [(finder.service_of[h], p) for h, p in pairs if h in finder.service_of]:
+            found[server].saw(port, "own settings" if server == name else f"referenced by {name}")
+        for key, value in service.environment.items():  # CACHE_HOST=cache: a client on cache's default port
+            server = finder.service_of.get(value or "") if key.endswith(_HOST_KEYS) else None
+            if server is not None and server != name and adapters[server] is not None:
+                if not any(k.endswith("_PORT") and k[:-5] == key.rsplit("_", 1)[0] for k in service.environment):
+                    for port in adapters[server].ports:
+                        found[server].saw(port, f"named by {name} ({key})")
+    return found
+
+
+# ---- place -------------------------------------------------------------------------------------
+
+def place(project: Project, found: Discovery, options: PlanOptions) -> NetworkPlan:
+    busy = node_listeners() if options.busy is None else set(options.busy)
+    block = options.address_block or free_address_block(project.name, busy, options.uid)
+    base = options.port_base if options.port_base is not None else default_port_base(project.name, options.uid)
+    return plan_network(list(found.nets.values()), block, base, busy)
+
+
+# ---- draft -------------------------------------------------------------------------------------
+
+def draft(name: str, project: Project, found: Discovery, network: NetworkPlan, refs: References,
+          configs: Dict[str, str], options: PlanOptions) -> Draft:
+    """One service with the network's decisions applied, finished by its adapter."""
+    service, adapter = found.services[name], found.adapters[name]
+    binds, bind_warnings = service_binds(service, project, adapter)
+    binds += secrets.mounts(service, project, configs, bind_warnings)
+    health = service.healthcheck
+    test = list(health.test) if health is not None and not health.disabled and health.test else None
+    result = Draft(name=name, service=service, own_address=network.own[name], address=network.address[name],
+                   endpoints=network.endpoints[name],
+                   environment={k: v for k, v in service.environment.items() if v is not None},
+                   launch=found.launches[name], healthcheck=test, binds=binds, configs=configs, refs=refs,
+                   tls=options.tls, ssrf_allow=list(options.ssrf_allow), model_servers=found.model_servers,
+                   warnings=_unsupported_warnings(service) + bind_warnings)
+    knobs.tell(result, found.nets[name], adapter)
+    result.environment = {k: v for k, v in refs.rewrite_environment(result.environment, name).items()
+                          if v is not None}
+    if result.launch is not None:
+        result.launch = [refs.rewrite(a, name) for a in result.launch]
+    if result.healthcheck is not None:
+        result.healthcheck = [refs.rewrite(a, name, own_host=True) for a in result.healthcheck]
+    if options.secrets:
+        replace = options.secrets
+        result.environment = {k: replace(v, k) for k, v in result.environment.items()}
+        result.launch = [replace(a) for a in result.launch] if result.launch is not None else None
+        result.healthcheck = [replace(a) for a in result.healthcheck] if result.healthcheck is not None else None
+    if adapter is not None:
+        adapter.finish(result)
+    rewrite_bound_files(result, options.secrets)
+    flag = _secret_on_command_line(result.launch or [])
+    if flag:
+        result.warnings.append(f"service {name!r}: its command line carries a secret ({flag}); every user of the "
+                               "node can read it with `ps`")
+    return result
+
+
+def _unsupported_warnings(service: Service) -> List[str]:
+    warnings = unsupported_warnings(service.name, service.raw)
+    if service.network_mode not in (None, "host") or len(service.networks) > 1:
+        warnings.append(f"service {service.name!r}: networks are not isolated; every service has its own "
+                        "loopback address on the node's network and reaches every other by name")
+    if service.runtime not in (None, "nvidia"):
+        warnings.append(f"service {service.name!r}: runtime {service.runtime!r} is ignored")
+    if (service.replicas or 1) > 1:
+        warnings.append(f"service {service.name!r}: deploy.replicas {service.replicas} becomes one instance")
+    if service.limits:
+        warnings.append(f"service {service.name!r}: deploy.resources.limits are not enforced (no cgroups); "
+                        "the batch job's allocation is the limit")
+    return warnings
+
+
+# a flag named for a secret (`--password`, `--auth-token`, `--api-key`), not `--max-num-batched-tokens`
+_SECRET_FLAG = re.compile(r"^-{1,2}[\w-]*(pass(word|wd)?|secret|token|api-?key)(?![a-z])[\w-]*$|^-a$", re.IGNORECASE)
+
+
+def _secret_on_command_line(argv: List[str]) -> Optional[str]:
+    for i, arg in enumerate(argv[:-1]):
+        if _SECRET_FLAG.match(arg.split("=", 1)[0]) and (argv[i + 1] or "=" in arg):
+            return arg.split("=", 1)[0]
+    return None
+
+
+# ---- assemble ----------------------------------------------------------------------------------
+
+def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: Dict[str, Draft],
+             configs: Dict[str, str], options: PlanOptions) -> Plan:
+    services = found.services
+    warnings = found.warnings + network.warnings
+    levels = _levels(services)
+    waited_on = {d.service for s in services.values() for d in s.depends_on
+                 if d.condition == "service_completed_successfully"}
+    plans: List[ServicePlan] = []
+    unknown_workdir: List[str] = []
+    tls_ports: Dict[str, int] = {}
+    for name, service in services.items():
+        result, adapter = drafts[name], found.adapters[name]
+        if result.serves_https:
+            tls_ports[name] = result.endpoints[adapter.tls_port].host
+        environment = _env_file_environment(result)
+        healthcheck, probe_environment = None, {}
+        if result.healthcheck is not None:
+            test, probe_environment = _probe_password(name, result.healthcheck, result.warnings)
+            healthcheck = {"test": test, "interval": service.healthcheck.interval,
+                           "timeout": service.healthcheck.timeout, "retries": service.healthcheck.retries,
+                           "start_period": service.healthcheck.start_period,
+                           "start_interval": service.healthcheck.start_interval}
+        source = found.images[found.image_of[name]]
+        image_config = options.image_configs.get(service.image or "")
+        workdir = (service.working_dir or source.workdir or (image_config.workdir if image_config else None)
+                   or (adapter.workdir if adapter else None))
+        if workdir is None and service.image and source.kind == "docker" and service.image not in options.image_configs:
+            unknown_workdir.append(name)
+        gpus = [{"count": g.count, "device_ids": list(g.device_ids)} for g in service.gpus]
+        if service.runtime == "nvidia" and not gpus:
+            gpus = [{"count": -1, "device_ids": []}]
+        ports = []
+        for port, endpoint in sorted(result.endpoints.items()):
+            knob = found.nets[name].listens[port].knob
+            how = "fixed" if knob is None else (f"{knob.kind}:{knob.name}" if knob.kind == "env" else
+                                                 f"flag:{knob.name}" if knob.kind in ("flag", "argv") else "config")
+            if name in tls_ports and port == adapter.tls_port:
+                how = "tls"
+            ports.append(PortPlan(port, endpoint.host, endpoint.address, endpoint.published, how,
+                                  endpoint.evidence, endpoint.required))
+        plans.append(ServicePlan(
+            name=name, instance=_instance_name(project.name, service), image=found.image_of[name], level=levels[name],
+            oneshot=name in waited_on, address=network.address[name], names=found.names[name], ports=ports,
+            environment=environment, env_file=f"env/{name}.env", launch=result.launch, workdir=workdir,
+            binds=result.binds, gpus=gpus, nv=bool(gpus), healthcheck=healthcheck, restart=service.restart,
+            depends_on=[{"service": d.service, "condition": d.condition, "required": d.required}
+                        for d in service.depends_on],
+            stop_signal=service.stop_signal, stop_grace_period=service.stop_grace_period,
+            ulimits={k: [soft, hard] for k, (soft, hard) in service.ulimits.items()},
+            writable_tmpfs=bool(knobs.hints(service).get("writable_tmpfs")),
+            adapter=adapter.family if adapter else None, warnings=result.warnings,
+            fakeroot=_fakeroot(service, adapter), probe_environment=probe_environment))
+        warnings.extend(result.warnings)
+    if found.presets:
+        warnings.append("preset " + ", ".join(sorted(found.presets)) + ": its adapters shape "
+                        + ", ".join(sorted(n for n, a in found.adapters.items() if a is not None and a.preset)))
+    if unknown_workdir:
+        warnings.append("the WORKDIR of the images of " + ", ".join(sorted(unknown_workdir)) + " is unknown (their "
+                        "registry was not asked); they start in your home directory unless `working_dir` is set")
+    plans.sort(key=lambda p: (p.level, p.name))
+    tls = None
+    if options.tls:
+        tls = {"cert": "tls/cert.pem", "key": "tls/key.pem", "ports": tls_ports,
+               "source": list(options.tls_files) if options.tls_files else None}
+        if not tls_ports:
+            warnings.append(f"--tls: no {' or '.join(image_adapters.tls_families())} service to serve HTTPS; "
+                            "nothing was changed")
+    images = {k: ImagePlan(s.kind, s.ref, s.services, f"definitions/{k}.def", f"sif/{k}.sif", s.digest, s.definition)
+              for k, s in found.images.items()}
+    return Plan(project=project.name, compose_files=project.files, state_dir=STATE,
+                address_block=network.address_block, port_base=network.port_base,
+                hosts=_hosts(services, found.names, network, warnings), tls=tls, images=images, services=plans,
+                configs=configs, warnings=list(dict.fromkeys(warnings)),
+                entry_points=_entry_points(plans, found.adapters),
+                generated_secrets=dict(options.secrets.chosen) if options.secrets else {})
+
+
+def _instance_name(project: str, service: Service) -> str:
+    name = service.container_name or f"{project}-{service.name}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", name)
+
+
+def _levels(services: Dict[str, Service]) -> Dict[str, int]:
+    """Start level: 0 for services that depend on nothing, else one above their deepest dependency.
+    Iterative, so that a chain of thousands of services needs no deep recursion (cycles were
+    rejected by the loader)."""
+    levels: Dict[str, int] = {}
+    for root in services:
+        stack = [root]
+        while stack:
+            name = stack[-1]
+            if name in levels:
+                stack.pop()
+                continue
+            deps = [d.service for d in services[name].depends_on if d.service in services]
+            missing = [d for d in deps if d not in levels]
+            if missing:
+                stack.extend(missing)
+                continue
+            levels[name] = 1 + max((levels[d] for d in deps), default=-1)
+            stack.pop()
+    return levels
+
+
+def _env_file_environment(result: Draft) -> Dict[str, str]:
+    """The environment less the names an --env-file cannot carry (each warned about)."""
+    for key in sorted(k for k in result.environment if not _VALID_NAME.match(k)):
+        result.warnings.append(f"service {result.name!r}: environment variable {key!r} is not a valid shell name "
+                               "and cannot be passed through --env-file; skipped")
+    return {k: v for k, v in result.environment.items() if _VALID_NAME.match(k)}
+
+
+def _probe_password(name: str, test: List[str], warnings: List[str]) -> Tuple[List[str], Dict[str, str]]:
+    """A password on a healthcheck's command line is in the node's process list, for every user, at
+    every probe. In the CMD form of a client that also reads it from a variable (the adapters'
+    PasswordClients) it moves to that variable of the probe's own environment; in a CMD-SHELL it
+    cannot be, and is warned about. Returns (test, the probe's added environment)."""
+    if test[:1] == ["CMD"] and len(test) > 1:
+        client = image_adapters.PASSWORD_CLIENTS.get(os.path.basename(test[1]))
+        if client is not None:
+            kept, secret = client.take_password(test[2:])
+            if secret is not None:
+                return ["CMD", test[1], *kept], {client.variable: secret}
+    if test[:1] == ["CMD-SHELL"] and len(test) > 1:
+        client = next((c for c in image_adapters.PASSWORD_CLIENTS.values()
+                       if re.search(c.shell_pattern(), f" {test[1]} ")), None)
+        if client is not None:
+            warnings.append(f"service {name!r}: its healthcheck passes a password on a command line, which every user "
+                            "of the node sees in the process list at each probe; write it in the CMD form (compose2sif "
+                            f"then moves the password to the environment) or set {client.variable}")
+    return test, {}
+
+
+def _fakeroot(service: Service, adapter: Optional[Adapter]) -> Optional[Dict[str, Any]]:
+    needs = adapter.fakeroot(service) if adapter else None
+    return {"ids": needs[0], "without": needs[1]} if needs else None
+
+
+def _entry_points(plans: List[ServicePlan], adapters: Dict[str, Optional[Adapter]]) -> List[Dict[str, Any]]:
+    """The published endpoints of web fronts, which `up` points people at."""
+    return [{"service": p.name, "address": port.address, "port": port.host,
+             "scheme": "https" if port.how == "tls" else "http", "path": adapters[p.name].entry_path}
+            for p in plans if adapters[p.name] is not None and adapters[p.name].entry_path
+            for port in p.ports if port.published and (port.container == adapters[p.name].entry_port
+                                                        or port.how == "tls")]
+
+
+def _hosts(services: Dict[str, Service], names: Dict[str, List[str]], network: NetworkPlan, warnings: List[str]):
+    """The hosts file: each service's names at its address; host.docker.internal and host-gateway
+    at the node's 127.0.0.1; extra_hosts as given."""
+    lines: List[Tuple[str, List[str]]] = []
+    owner: Dict[str, str] = {}
+    for name in sorted(services):
+        mine = []
+        for alias in names[name]:
+            if alias in owner:
+                warnings.append(f"services {owner[alias]!r} and {name!r} share the name {alias!r}; it points at "
+                                f"{owner[alias]!r}")
+                continue
+            owner[alias] = name
+            mine.append(alias)
+        lines.append((network.names_address(name), mine))
+    lines.append(("127.0.0.1", ["host.docker.internal"]))
+    extra = set()
+    for service in services.values():
+        for entry in service.extra_hosts:
+            host, _, ip = entry.partition("=") if "=" in entry else entry.partition(":")
+            extra.add((host, "127.0.0.1" if ip == "host-gateway" else ip))
+    lines += [(ip, [host]) for host, ip in sorted(extra)]
+    return lines
