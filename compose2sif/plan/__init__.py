@@ -174,8 +174,11 @@ def _service_net(service: Service, adapter: Optional[image_adapters.Adapter], la
         address_knobs = [_hint_knob(address_hint, "address", f"{path}.bind_address")]
     elif adapter is not None and adapter.address is not None and adapter.address.kind == "config":
         address_knobs = [adapter.address]
-    else:
-        address_knobs = found.addresses or ([adapter.address] if adapter and adapter.address else [])
+    else:  # the service's own settings, and the adapter's knob where they do not name it
+        address_knobs = list(found.addresses)
+        if adapter is not None and adapter.address is not None and \
+                all(k.name != adapter.address.name for k in address_knobs):
+            address_knobs.append(adapter.address)
     return ServiceNet(service.name, names, listens, [k for k in map(usable, address_knobs) if k is not None],
                       per_port_address=bool(adapter and adapter.per_port_address))
 
@@ -281,7 +284,7 @@ def _texts_of(service: Service) -> List[Tuple[str, str]]:
 def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
     options = options or PlanOptions()
     services = typed_services(project)
-    warnings: List[str] = list(project.warnings)
+    warnings: List[str] = list(project.warnings) + (options.secrets.notes if options.secrets else [])
     images = plan_images(list(services.values()), project.working_dir, options.registry_mirror, options.image_sources,
                          options.image_configs)
     image_of = {name: key for key, source in images.items() for name in source.services}
@@ -299,7 +302,9 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
     found: Dict[str, Found] = {}
     for name, service in services.items():
         found[name] = Found()
-        knobs.from_environment(service.environment, peers - {n.lower() for n in names[name]}, found[name])
+        adapter = adapters[name]
+        knobs.from_environment(service.environment, peers - {n.lower() for n in names[name]}, found[name],
+                               knobs.read_by(adapter.address, adapter.ports) if adapter else None)
         if launches[name] is not None:
             knobs.from_argv(launches[name], found[name])
         if service.healthcheck is not None:
