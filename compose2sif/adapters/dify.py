@@ -25,9 +25,10 @@ PRESET = "dify"
 MOUNTED_ENTRYPOINT = "/docker-entrypoint-mount.sh"
 
 # Dify's secrets: the public default of each (docker-compose.yaml and .env.example of 1.17), and
-# the rule its reader checks where that is more than "a non-empty string" (tests/test_dify.py
+# the rule its reader checks (tests/test_dify.py
 # checks generated values against each reader's code).
-_HEADER = dict(check=generated.url_safe, why="the same non-empty value on both sides of an HTTP header")
+_HEADER = dict(check=generated.header_token, why="printable ASCII without spaces, the same on both sides of an "
+                                                  "HTTP header")
 SECRETS = {
     # the Flask app's session and encryption key (any non-empty string); Dify 1.15+ leaves it empty
     # in .env.example and then keeps a key of its own in its storage volume, which is left alone
@@ -35,9 +36,10 @@ SECRETS = {
         "sk-9f73s3ljTXVcMT3Blb3ljTqtsKiGHXVcMT3BlbkFJLK7U", check=generated.nonempty, reader="api",
         why="a non-empty string", empty_is_own=True)),
     # PostgreSQL's superuser password: set once when the database is initialised
+    # (api quotes it into its database URL)
     "DB_PASSWORD": PublicDefault("difyai123456", rule_of(
-        "difyai123456", reader="db_postgres", keep_stored=True,
-        why="the password its database was initialised with")),
+        "difyai123456", reader="db_postgres", keep_stored=True, check=generated.nonempty,
+        why="a non-empty password")),
     # also written into redis:// URLs (CELERY_BROKER_URL, DIFY_AGENT_REDIS_URL) as it is
     "REDIS_PASSWORD": PublicDefault("difyai123456", rule_of(
         "difyai123456", reader="redis", why="characters that need no quoting inside a redis:// URL")),
@@ -60,7 +62,8 @@ SECRETS = {
     "DIFY_AGENT_LOCAL_SANDBOX_AUTH_TOKEN": PublicDefault("", generated.Rule(reader="local_sandbox", **_HEADER)),
     # an entry of Weaviate's comma-separated key list, and api's WEAVIATE_API_KEY
     "WEAVIATE_AUTHENTICATION_APIKEY_ALLOWED_KEYS": PublicDefault("WVF5YThaHlkYwhGUSmCRgsX3tD5ngdN8pkih", rule_of(
-        "WVF5YThaHlkYwhGUSmCRgsX3tD5ngdN8pkih", reader="weaviate", why="one key without commas")),
+        "WVF5YThaHlkYwhGUSmCRgsX3tD5ngdN8pkih", reader="weaviate", why="one key without commas",
+        check=lambda value: generated.header_token(value) and "," not in value)),
 }
 
 # Where a browser reaches Dify: settings that hold a URL of Dify's nginx as the browser sees it.

@@ -57,6 +57,11 @@ def url_safe(value: str) -> bool:
     return nonempty(value) and not _URL_UNSAFE.search(value)
 
 
+def header_token(value: str) -> bool:
+    """Sent in an HTTP header and compared as it is: printable ASCII, nothing to trim."""
+    return bool(value) and all(0x21 <= ord(c) < 0x7f for c in value)
+
+
 def base64url_bytes(count: int) -> Callable[[str], bool]:
     """Unpadded base64url text that decodes to exactly ``count`` bytes."""
     def check(value: str) -> bool:
