@@ -25,8 +25,7 @@ PRESET = "dify"
 MOUNTED_ENTRYPOINT = "/docker-entrypoint-mount.sh"
 
 # Dify's secrets: the public default of each (docker-compose.yaml and .env.example of 1.17), and
-# the rule its reader checks (tests/test_dify.py
-# checks generated values against each reader's code).
+# the rule its reader checks (tests/test_dify.py checks generated values against each reader's code).
 _HEADER = dict(check=generated.header_token, why="printable ASCII without spaces, the same on both sides of an "
                                                   "HTTP header")
 SECRETS = {
