@@ -114,3 +114,61 @@ def test_odd_names_get_distinct_files(tmp_path):
     sources = {b.target: b.source for b in plan.service("app").binds if b.read_only}
     assert sources["/run/secrets/a"] == "config/secrets/a"
     assert sources["/run/secrets/.a"].startswith("config/secrets/a-") and sources["/run/secrets/.a"] != "config/secrets/a"
+
+# Generated secrets in place of public defaults (plan/generated.py): their shape, placeholders,
+# and what is kept from an earlier convert. Dify's own readers' checks are in test_dify.py.
+
+from compose2sif import secret_rules as rules  # noqa: E402
+from compose2sif.plan import generated  # noqa: E402
+
+
+@pytest.mark.parametrize("default,prefix,classes,length", [
+    ("sk-9f73s3ljTXVcMT3Blb3ljTqtsKiGHXVcMT3BlbkFJLK7U", "sk-", "aA0", 45),
+    ("difyai123456", "", "a0", 32),                     # too short to be a model for length: 32
+    ("dify-sandbox", "", "a", 32),                      # `-` is punctuation: letters only
+    ("lYkiYYT6owG+71oLerGzA7GXCgOT++6ovaezWAjpCjf+Sjc3ZtU+qUEi", "", "aA0", 56),   # no + or /
+    ("", "", "aA0", 32),
+])
+def test_a_generated_value_has_the_shape_of_its_default(default, prefix, classes, length):
+    value = rules.rule_of(default).generate()
+    assert value.startswith(prefix) and len(value) == len(prefix) + length
+    body = value[len(prefix):]
+    for cls, chars in (("a", "abcdefghijklmnopqrstuvwxyz"), ("A", "ABCDEFGHIJKLMNOPQRSTUVWXYZ"), ("0", "0123456789")):
+        if cls not in classes:
+            assert not set(body) & set(chars), value
+    assert rules.url_safe(value)
+
+
+def test_a_base64url_rule_generates_what_it_checks():
+    rule = rules.Rule(length=32, decoded=True, check=rules.base64url_bytes(32))
+    value = rule.generate()
+    assert len(value) == 43 and "=" not in value and rule.check(value)
+    assert not rule.check("ab" * 24)                       # 48 hex characters decode to 36 bytes
+    assert not rule.check("replace-with-base64url-32-byte-secret")
+    assert not rule.check(value + "=")                     # padded: not the strict form
+
+
+@pytest.mark.parametrize("text,placeholder", [
+    ("replace-with-base64url-32-byte-secret", True), ("your-secret-key-here", True), ("changeme", True),
+    ("CHANGE_ME", True), ("difyai123456", False), ("replacement", False), ("s3cr3t", False)])
+def test_placeholders_mean_must_be_set(text, placeholder):
+    assert (rules.PLACEHOLDER.fullmatch(text) is not None) == placeholder
+
+
+def test_choose_generates_for_defaults_and_placeholders_and_keeps_what_passes():
+    strict = rules.Rule(length=32, decoded=True, check=rules.base64url_bytes(32), reader="server",
+                            why="32 bytes")
+    table = {"KEY": rules.PublicDefault("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY", strict),
+             "DB": rules.PublicDefault("difyai123456", rules.rule_of("difyai123456", keep_stored=True)),
+             "OWN": rules.PublicDefault("public", rules.rule_of("public", empty_is_own=True)),
+             "MINE": "default"}
+    chosen = generated.choose(table, {"KEY": "replace-with-a-key", "DB": "difyai123456", "OWN": "",
+                                      "MINE": "the user's"}, {"KEY": "ab" * 24, "DB": "not:url/safe"})
+    assert sorted(chosen) == ["DB", "KEY"] and strict.check(chosen["KEY"]) and chosen["DB"] == "not:url/safe"
+    assert chosen.placeholders == {"replace-with-a-key": "KEY"}
+    # the stored key fails (one line), the placeholder (one line), the user's own value its reader refuses
+    assert [n.split(" ")[0] for n in chosen.notes] == ["KEY:", "KEY", "MINE"]
+    assert "replace-with-a-key" not in " ".join(chosen.notes)
+    replace = generated.Replacer(table, chosen)
+    assert replace("KEY=replace-with-a-key") == f"KEY={chosen['KEY']}"
+    assert replace.notes == chosen.notes

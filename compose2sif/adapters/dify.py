@@ -15,51 +15,134 @@ import re
 from typing import Dict, List
 
 from compose2sif.adapters import nginx
+from compose2sif import secret_rules as generated
 from compose2sif.adapters.base import Adapter, Draft, Preset
+from compose2sif.secret_rules import PublicDefault, rule_of
 from compose2sif.types import Bind, Knob
 
 PRESET = "dify"
 MOUNTED_ENTRYPOINT = "/docker-entrypoint-mount.sh"
 
-# Public defaults of Dify's secrets (docker-compose.yaml and .env.example of 1.17)
+# Dify's secrets: the public default of each (docker-compose.yaml and .env.example of 1.17), and
+# the rule its reader checks (tests/test_dify.py checks generated values against each reader's code).
+_HEADER = dict(check=generated.header_token, why="printable ASCII without spaces, the same on both sides of an "
+                                                  "HTTP header")
 SECRETS = {
-    "SECRET_KEY": "sk-9f73s3ljTXVcMT3Blb3ljTqtsKiGHXVcMT3BlbkFJLK7U",
-    "DB_PASSWORD": "difyai123456",
-    "REDIS_PASSWORD": "difyai123456",
-    "SANDBOX_API_KEY": "dify-sandbox",
-    "PLUGIN_DAEMON_KEY": "lYkiYYT6owG+71oLerGzA7GXCgOT++6ovaezWAjpCjf+Sjc3ZtU+qUEi",
-    "PLUGIN_DIFY_INNER_API_KEY": "QaHbTe77CtuXmsfyhR7+vRjI/+XbV1AaFy691iy+kGDv2Jvy0/eAh8Y1",
-    "DIFY_AGENT_SERVER_SECRET_KEY": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY",
-    "DIFY_AGENT_API_TOKEN": "dify-agent-run-token-for-dev-only",
-    "DIFY_AGENT_LOCAL_SANDBOX_AUTH_TOKEN": "",
-    "WEAVIATE_AUTHENTICATION_APIKEY_ALLOWED_KEYS": "WVF5YThaHlkYwhGUSmCRgsX3tD5ngdN8pkih",
+    # the Flask app's session and encryption key (any non-empty string); Dify 1.15+ leaves it empty
+    # in .env.example and then keeps a key of its own in its storage volume, which is left alone
+    "SECRET_KEY": PublicDefault("sk-9f73s3ljTXVcMT3Blb3ljTqtsKiGHXVcMT3BlbkFJLK7U", rule_of(
+        "sk-9f73s3ljTXVcMT3Blb3ljTqtsKiGHXVcMT3BlbkFJLK7U", check=generated.nonempty, reader="api",
+        why="a non-empty string", empty_is_own=True)),
+    # PostgreSQL's superuser password: set once when the database is initialised
+    # (api quotes it into its database URL)
+    "DB_PASSWORD": PublicDefault("difyai123456", rule_of(
+        "difyai123456", reader="db_postgres", keep_stored=True, check=generated.nonempty,
+        why="a non-empty password")),
+    # also written into redis:// URLs (CELERY_BROKER_URL, DIFY_AGENT_REDIS_URL) as it is
+    "REDIS_PASSWORD": PublicDefault("difyai123456", rule_of(
+        "difyai123456", reader="redis", why="characters that need no quoting inside a redis:// URL")),
+    # X-Api-Key from api (CODE_EXECUTION_API_KEY) to dify-sandbox (API_KEY, config.yaml app.key)
+    "SANDBOX_API_KEY": PublicDefault("dify-sandbox", rule_of("dify-sandbox", reader="sandbox", **_HEADER)),
+    # X-Api-Key from api and agent_backend to plugin_daemon (SERVER_KEY)
+    "PLUGIN_DAEMON_KEY": PublicDefault("lYkiYYT6owG+71oLerGzA7GXCgOT++6ovaezWAjpCjf+Sjc3ZtU+qUEi", rule_of(
+        "lYkiYYT6owG+71oLerGzA7GXCgOT++6ovaezWAjpCjf+Sjc3ZtU+qUEi", reader="plugin_daemon", **_HEADER)),
+    # X-Inner-Api-Key from plugin_daemon and agent_backend to api (INNER_API_KEY_FOR_PLUGIN)
+    "PLUGIN_DIFY_INNER_API_KEY": PublicDefault("QaHbTe77CtuXmsfyhR7+vRjI/+XbV1AaFy691iy+kGDv2Jvy0/eAh8Y1", rule_of(
+        "QaHbTe77CtuXmsfyhR7+vRjI/+XbV1AaFy691iy+kGDv2Jvy0/eAh8Y1", reader="api", **_HEADER)),
+    # dify-agent's decode_server_secret_key: unpadded base64url of exactly 32 bytes, checked at start
+    "DIFY_AGENT_SERVER_SECRET_KEY": PublicDefault("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY", generated.Rule(
+        length=32, decoded=True, check=generated.base64url_bytes(32), reader="agent_backend",
+        why="unpadded base64url text that decodes to exactly 32 bytes")),
+    # Bearer token from api and worker (AGENT_BACKEND_API_TOKEN) to agent_backend
+    "DIFY_AGENT_API_TOKEN": PublicDefault("dify-agent-run-token-for-dev-only", rule_of(
+        "dify-agent-run-token-for-dev-only", reader="agent_backend", **_HEADER)),
+    # Bearer token from agent_backend to local_sandbox (shellctl); empty means "no authentication"
+    "DIFY_AGENT_LOCAL_SANDBOX_AUTH_TOKEN": PublicDefault("", generated.Rule(reader="local_sandbox", **_HEADER)),
+    # an entry of Weaviate's comma-separated key list, and api's WEAVIATE_API_KEY
+    "WEAVIATE_AUTHENTICATION_APIKEY_ALLOWED_KEYS": PublicDefault("WVF5YThaHlkYwhGUSmCRgsX3tD5ngdN8pkih", rule_of(
+        "WVF5YThaHlkYwhGUSmCRgsX3tD5ngdN8pkih", reader="weaviate", why="one key without commas",
+        check=lambda value: generated.header_token(value) and "," not in value)),
 }
 # a project is Dify's when one of its images is; its users copy .env.example to .env first
 SETUP = Preset(PRESET, "Dify", image_prefix="langgenius/dify-", secrets=SECRETS, dotenv_example=True)
 
-API = Adapter(
+# Where a browser reaches Dify: settings that hold a URL of Dify's nginx as the browser sees it.
+BROWSER_URLS = ("CONSOLE_API_URL", "CONSOLE_WEB_URL", "SERVICE_API_URL", "APP_API_URL", "APP_WEB_URL", "FILES_URL",
+                "TRIGGER_URL", "ENDPOINT_URL_TEMPLATE", "NEXT_PUBLIC_SOCKET_URL")
+
+
+class DifyApp(Adapter):
+    """Dify's own images (api/worker, web, plugin daemon, agent backend, sandbox): each gets Dify's
+    .env through env_file, with its browser-facing URLs. Those in .env.example name nginx as
+    Docker publishes it (`http://localhost`, `ws://localhost`: port 80); under compose2sif a
+    browser reaches nginx through the SSH tunnel `up` prints, at http://localhost:PORT with PORT
+    nginx's planned port. Such URLs are rewritten to that port; the warning says so."""
+
+    def finish(self, draft: Draft) -> None:
+        _browser_urls(draft)
+
+
+def _browser_urls(draft: Draft) -> None:
+    network = draft.refs.network
+    if network is None:
+        return
+    fronts = {str(e.container): e.host for service in sorted(network.endpoints)  # Docker: "80:80", "443:443"
+              for e in network.endpoints[service].values() if e.published and e.container in (80, 443)}
+    ports = set()
+    for key in BROWSER_URLS:
+        match = re.match(r"^(?P<scheme>https?|wss?)://(?:localhost|127\.0\.0\.1)(?::(?P<port>\d+))?(?P<rest>[/?#].*)?$",
+                         draft.environment.get(key) or "")
+        if match is None:
+            continue
+        port = match.group("port") or ("443" if match.group("scheme") in ("https", "wss") else "80")
+        if port in fronts:
+            draft.environment[key] = f"{match.group('scheme')}://localhost:{fronts[port]}{match.group('rest') or ''}"
+            ports.add(fronts[port])
+    if ports:  # the same line for every service: printed once
+        draft.warnings.append(f"Dify's browser-facing URLs ({', '.join(BROWSER_URLS)}) that name its nginx as Docker "
+                              f"publishes it (http://localhost) now name localhost:"
+                              f"{'/'.join(map(str, sorted(ports)))}, the local end of the SSH tunnel `run.sh up` "
+                              "prints: open the tunnel with that port on your laptop, or set them in .env to the "
+                              "address your browser uses and convert again")
+
+
+API = DifyApp(
     family="dify-api",
     images=r"dify-api$",
     ports={5001: Knob("env", "DIFY_PORT", "{port}")},
-    address=Knob("env", "DIFY_BIND_ADDRESS", "{address}"),
+    address=Knob("env", "DIFY_BIND_ADDRESS", "{address}"),   # gunicorn --bind in its entrypoint.sh
     writable=("/app/logs",),
     workdir="/app/api",
 )
-WEB = Adapter(
+WEB = DifyApp(
     family="dify-web",
     images=r"dify-web$",
     ports={3000: Knob("env", "PORT", "{port}")},
-    address=Knob("env", "HOSTNAME", "{address}"),
+    address=Knob("env", "HOSTNAME", "{address}"),            # Next.js standalone server.js
     workdir="/app/web",
 )
-PLUGIN_DAEMON = Adapter(
+# dify-plugin-daemon listens on all addresses: its config (internal/types/app/config.go) has
+# SERVER_PORT and PLUGIN_REMOTE_INSTALLING_HOST/_PORT (the debugging port) but no address for the
+# API port, so the service is planned on 0.0.0.0 and the warning says so.
+PLUGIN_DAEMON = DifyApp(
     family="dify-plugin-daemon",
     images=r"dify-plugin-daemon$",
     ports={5002: Knob("env", "SERVER_PORT", "{port}"), 5003: Knob("env", "PLUGIN_REMOTE_INSTALLING_PORT", "{port}")},
-    address=Knob("env", "SERVER_HOST", "{address}"),
     workdir="/app",
 )
-class Sandbox(Adapter):
+# dify-agent's Dockerfile: WORKDIR /app/api, no ENTRYPOINT,
+# CMD ["uvicorn", "dify_agent.server.app:app", "--host", "0.0.0.0", "--port", "5050"]
+AGENT_BACKEND = DifyApp(
+    family="dify-agent-backend",
+    images=r"dify-agent-backend$",
+    ports={5050: Knob("flag", "--port", "{port}")},
+    address=Knob("flag", "--host", "{address}"),
+    default_command=("uvicorn", "dify_agent.server.app:app", "--host", "0.0.0.0", "--port", "5050"),
+    workdir="/app/api",
+)
+
+
+class Sandbox(DifyApp):
     """dify-sandbox runs each Code node after chroot(".") and setgroups/setgid/setuid to a sandbox
     id: 0.2.13 and later take a uid from 10000-10999 per run (and the group of the `sandbox` user
     it adds at start), earlier versions the fixed uid 65537. Only `--fakeroot` with those ids mapped
@@ -76,6 +159,7 @@ class Sandbox(Adapter):
                          "elsewhere, then convert again")
 
 
+# dify-sandbox serves gin on ":<port>" (all addresses) and has no address setting: planned on 0.0.0.0
 SANDBOX = Sandbox(
     family="dify-sandbox",
     images=r"dify-sandbox$",
@@ -223,4 +307,4 @@ SQUID = Squid(
     preset=PRESET,
 )
 BUSYBOX = InitPermissions(family="dify-init-permissions", images=r"(^|/)busybox$", workdir="/", preset=PRESET)
-ADAPTERS = [API, WEB, PLUGIN_DAEMON, SANDBOX, NGINX, SQUID, BUSYBOX]
+ADAPTERS = [API, WEB, PLUGIN_DAEMON, AGENT_BACKEND, SANDBOX, NGINX, SQUID, BUSYBOX]

@@ -76,7 +76,7 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
 
 def discover(project: Project, options: PlanOptions) -> Discovery:
     services = typed_services(project)
-    warnings: List[str] = list(project.warnings)
+    warnings: List[str] = list(project.warnings) + (options.secrets.notes if options.secrets else [])
     images = plan_images(list(services.values()), project.working_dir, options.registry_mirror, options.image_sources,
                          options.image_configs)
     image_of = {name: key for key, source in images.items() for name in source.services}
@@ -114,7 +114,9 @@ def _evidence(services: Dict[str, Service], adapters: Dict[str, Optional[Adapter
     found: Dict[str, Found] = {}
     for name, service in services.items():
         found[name] = Found()
-        knobs.from_environment(service.environment, peers - {n.lower() for n in names[name]}, found[name])
+        adapter = adapters[name]
+        knobs.from_environment(service.environment, peers - {n.lower() for n in names[name]}, found[name],
+                               knobs.read_by(adapter.address, adapter.ports) if adapter else None)
         if launches[name] is not None:
             knobs.from_argv(launches[name], found[name])
         if service.healthcheck is not None:

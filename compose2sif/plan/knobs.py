@@ -58,12 +58,23 @@ def _address_template(match: "re.Match[str]") -> str:
     return "{address}:{port}" if match.group("port") else "{address}"
 
 
-def from_environment(env: Dict[str, Optional[str]], peers: set, found: Found) -> None:
+def read_by(address: Optional[Knob], ports: Dict[int, Knob]) -> Set[str]:
+    """The variables an image's adapter says the image reads to listen: its env knobs."""
+    return {k.name for k in [address, *ports.values()] if k is not None and k.kind == "env"}
+
+
+def from_environment(env: Dict[str, Optional[str]], peers: set, found: Found,
+                     reads: Optional[Set[str]] = None) -> None:
     """`HOST=0.0.0.0`, `BIND_ADDRESS=0.0.0.0:8000`, `LISTEN_ADDR=:9000`, `PORT=8000`, `HTTP_PORT=3000`.
-    ``peers``: lower-case names of the project's services (a `DB_PORT` beside service `db` is a client's)."""
+    ``peers``: lower-case names of the project's services (a `DB_PORT` beside service `db` is a client's).
+    ``reads``: where the image's adapter says which variables it reads (``read_by``), only those are
+    knobs. A variable that reaches many services through one shared env_file (a project-wide
+    BIND_ADDRESS) is not every one's listen setting."""
     for key in sorted(env):
         value = env[key]
         if not isinstance(value, str):
+            continue
+        if reads is not None and key not in reads:
             continue
         if _ADDRESS_ENV.search(key):
             match = _address_value(value)
@@ -247,8 +258,11 @@ def service_net(service: Service, adapter: Optional[Adapter], launch: Optional[L
         address_knobs = [_hint_knob(address_hint, "address", f"{path}.bind_address")]
     elif adapter is not None and adapter.address is not None and adapter.address.kind == "config":
         address_knobs = [adapter.address]
-    else:
-        address_knobs = found.addresses or ([adapter.address] if adapter and adapter.address else [])
+    else:  # the service's own settings, and the adapter's knob where they do not name it
+        address_knobs = list(found.addresses)
+        if adapter is not None and adapter.address is not None and \
+                all(k.name != adapter.address.name for k in address_knobs):
+            address_knobs.append(adapter.address)
     return ServiceNet(service.name, names, listens, [k for k in map(usable, address_knobs) if k is not None],
                       per_port_address=bool(adapter and adapter.per_port_address))
 

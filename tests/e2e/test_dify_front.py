@@ -1,8 +1,11 @@
-"""Dify's front on the real test bed: nginx and the SSRF proxy with the configs compose2sif renders
-from Dify 1.17.1's own templates, PostgreSQL and Redis started with generated secrets, as an
+"""Dify's front on the real test bed, with Dify's own .env (tests/fixtures/dify/env.example copied
+to .env, as Dify's users do): nginx and the SSRF proxy with the configs compose2sif renders from
+Dify 1.17.1's own templates, PostgreSQL and Redis started with generated secrets, as an
 unprivileged user on a rootless Apptainer. Debian's real nginx, squid, PostgreSQL and Redis stand
-for the images Dify names. Dify's own services (api, web, plugin_daemon) cannot be pulled here:
-STAND-INS answer with the name of the service they stand in for (tests/e2e/dify-front)."""
+for the images Dify names. Dify's own services cannot be pulled here: api, web and plugin_daemon
+are STAND-INS that answer with the name of the service they stand in for, and agent_backend (Dify's
+own definition) runs an agent-server STAND-IN that refuses to start, as Dify's does, unless
+DIFY_AGENT_SERVER_SECRET_KEY is unpadded base64url of exactly 32 bytes (tests/e2e/dify-front)."""
 import json
 import shutil
 import subprocess
@@ -12,6 +15,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent.parent
 DIFY = TESTS.parent.parent / "shared" / "reference" / "dify-1.17.1"
+DIFY_ENV = (TESTS / "fixtures" / "dify" / "env.example").read_text()
 SQUID_TEMPLATE_STANDIN = (TESTS / "standins" / "dify-squid.conf.template").read_text()
 
 pytestmark = pytest.mark.e2e
@@ -26,6 +30,12 @@ def front(node):
     stack = node.copy_stack("dify-front", source="dify-front")
     shutil.copytree(DIFY, stack / "dify")
     (stack / "dify" / "ssrf_proxy" / "squid.conf.template").write_text(SQUID_TEMPLATE_STANDIN)
+    for dotenv in (stack / ".env", stack / "dify" / ".env"):  # the project's, and Dify's env_file
+        dotenv.write_text(DIFY_ENV)
+    # the agent-server stand-in runs in the test image under the name of Dify's, so the Dify adapter shapes it
+    subprocess.run(["skopeo", "copy", "-q", "--src-tls-verify=false", "--dest-tls-verify=false",
+                    f"docker://{node.registry}/c2s/python:test",
+                    f"docker://{node.registry}/c2s/dify-agent-backend:1.17.1"], check=True, capture_output=True)
     subprocess.run(["chmod", "-R", "u+w", str(stack)], check=True)
     subprocess.run(["chown", "-R", f"{node.uid}:{node.uid}", str(stack)], check=True)
     node.run(f"cd ~ && rm -rf {OUT}")
@@ -88,3 +98,26 @@ def test_postgres_and_redis_run_with_generated_secrets(front):
         assert proc.returncode == 0 and json.loads(proc.stdout)[check] == expected, proc.stderr
     for process in node.processes():  # neither the public defaults nor the generated values on argv
         assert "difyai123456" not in process and secrets["REDIS_PASSWORD"] not in process, process
+
+
+def test_agent_server_starts_with_the_generated_key_on_its_own_address(front):
+    node, proc = front
+    assert "DIFY_AGENT_SERVER_SECRET_KEY is set to a placeholder" in proc.stderr
+    secrets = dict(line.split("=", 1) for line in (node.home / OUT / "secrets.env").read_text().splitlines()
+                   if "=" in line)
+    agent = plan(node)["agent_backend"]
+    assert agent["address"] not in ("0.0.0.0", "::")
+    assert agent["launch"][-4:] == ["--host", agent["address"], "--port", "5050"]  # told as uvicorn is
+    base = f"http://{agent['address']}:5050"
+    health = node.run(f"curl -fsS {base}/health", timeout=60)
+    assert health.returncode == 0 and json.loads(health.stdout)["service"] == "agent_backend", (
+        health.stderr + node.run(f"cd ~ && {OUT}/run.sh logs agent_backend").stdout)
+    token = secrets["DIFY_AGENT_API_TOKEN"]
+    runs = node.run(f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer {token}' {base}/runs")
+    wrong = node.run(f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer x{token}' {base}/runs")
+    assert (runs.stdout, wrong.stdout) == ("200", "401")
+    api_env = (node.home / OUT / "env" / "api.env").read_text()
+    assert f"AGENT_BACKEND_API_TOKEN={token}" in api_env
+    for path in (node.home / OUT).rglob("*"):
+        if path.is_file():
+            assert "replace-with-base64url-32-byte-secret" not in path.read_text(errors="replace"), path
