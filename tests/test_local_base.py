@@ -98,7 +98,6 @@ def test_tagged_names_copy_from_and_a_pulled_sibling(tmp_path):
 @pytest.mark.parametrize("a_from,b_from,chain", [
     ("img-b", "img-a", "services 'a' FROM 'b' FROM 'a'"),
     ("debian:12\nCOPY --from=img-b /x /x", "img-a", "services 'a' FROM 'b' FROM 'a'"),
-    ("img-a", "debian:12", "services 'a' FROM 'a'"),
 ])
 def test_a_cycle_is_refused_in_one_line_naming_the_services(tmp_path, a_from, b_from, chain):
     write(tmp_path, {"compose.yaml": """
@@ -115,6 +114,17 @@ def test_a_cycle_is_refused_in_one_line_naming_the_services(tmp_path, a_from, b_
     assert "a cycle of images built from each other: " + chain + "; refused" in errors[0], errors[0]
     with pytest.raises(ComposeError):
         images(tmp_path)
+
+
+def test_a_build_from_its_own_image_name_starts_from_the_registry_image(tmp_path):
+    """temporal's grafana: `image: grafana/grafana:7.5.16` built FROM that same name. Docker Compose
+    builds it from the registry's image (then tags the result with that name): no cycle."""
+    write(tmp_path, {"compose.yaml": """
+        services:
+          a: {image: "grafana/grafana:7.5.16", build: ./a}
+        """, "a/Dockerfile": "FROM grafana/grafana:7.5.16\nCOPY x /x\n", "a/x": ""})
+    definition = next(iter(images(tmp_path).values())).definition
+    assert headers(definition)[:2] == ["Bootstrap: docker", "From: grafana/grafana:7.5.16"]
 
 
 STANDIN = """#!/bin/bash

@@ -104,9 +104,7 @@ def check_plan(plan) -> None:
 
 
 # Known planner faults, each tied to the issue that fixes it; strict, so a fix shows here.
-KNOWN_FAULTS = {
-    "temporal": "issue 18: a build FROM its own image: name is refused as a cycle (Compose pulls the registry image)",
-}
+KNOWN_FAULTS: dict = {}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_FAULTS[n]))

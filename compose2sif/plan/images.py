@@ -201,8 +201,8 @@ def plan_images(services: List[Service], working_dir: str, mirror: Optional[str]
 
     def local_image(service: Service, image: str) -> Optional[str]:
         builder = builders.get(_image_name(image))
-        if builder is None:
-            return None
+        if builder is None or builder.name == service.name:
+            return None  # a build FROM its own `image:` starts from the registry's image, as Compose builds it
         if builder.name in in_progress:  # in_progress: each service's build starts FROM the next one's image
             chain = " FROM ".join(repr(n) for n in in_progress[in_progress.index(builder.name):] + [builder.name])
             raise ComposeError(f"its Dockerfile uses image {image}: a cycle of images built from each other: services "
