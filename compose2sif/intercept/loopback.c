@@ -373,13 +373,13 @@ static int read_memory(pid_t tid, unsigned long addr, void *buf, size_t len)
     return 0;
 }
 
-/* Writes through PTRACE_POKEDATA when process_vm_writev cannot (it honours page protections;
- * POKEDATA writes a private copy of a read-only page, as a debugger does). */
+/* Writes with process_vm_writev, which honours page protections, or with force through
+ * PTRACE_POKEDATA, which writes a private copy of a read-only page as a debugger does. */
 static int write_memory(pid_t tid, unsigned long addr, const void *buf, size_t len, int force)
 {
     struct iovec local = {(void *)buf, len}, remote = {(void *)addr, len};
-    if (!force && process_vm_writev(tid, &local, 1, &remote, 1, 0) == (ssize_t)len)
-        return 0;
+    if (!force)
+        return process_vm_writev(tid, &local, 1, &remote, 1, 0) == (ssize_t)len ? 0 : -1;
     for (size_t off = 0; off < len; off += sizeof(long)) {
         long word;
         size_t n = len - off < sizeof word ? len - off : sizeof word;
@@ -490,14 +490,15 @@ static void resume(pid_t tid, enum __ptrace_request how, int sig)
 
 /* ---- the stops ------------------------------------------------------------------------------ */
 
-/* Puts the rewritten sockaddr where the call will read it: 128 bytes below the red zone under the
- * stack pointer (never the program's own, possibly const, memory); where that is not mapped (a
- * main-thread stack at its very bottom), in place, restored at the exit. */
+/* Puts the rewritten sockaddr where the call will read it: below the red zone under the stack
+ * pointer (never the program's own, possibly const, memory). Only process_vm_writev may write
+ * there: it fails on a page the program could not write either (a guard page under a stack at its
+ * very bottom), where a forced write would succeed and the call then fail with EFAULT. Failing
+ * that, in place (forced through a read-only page), restored at the exit. */
 static int place_copy(struct tracee *t, struct user_regs_struct *regs)
 {
     unsigned long scratch = (regs->rsp - 128 - sizeof t->rewritten) & ~15UL;
-    if (write_memory(t->tid, scratch, &t->rewritten, t->len, 0) == 0 ||
-        write_memory(t->tid, scratch, &t->rewritten, t->len, 1) == 0) {
+    if (write_memory(t->tid, scratch, &t->rewritten, t->len, 0) == 0) {
         t->copy_ptr = scratch;
         return 0;
     }
