@@ -12,7 +12,9 @@
  *     a relocated privileged port to where it went; a privileged port of another 127.x address
  *     goes where that service's record (a file in --peers) says it went;
  *   - everything else is untouched.
- * Each distinct relocation is appended once to --record, one line: KIND PROTO FROM TO.
+ * Each distinct relocation is appended once to --record, one line: KIND PROTO FROM TO. A tracer
+ * started beside the service's entry (a healthcheck, an exec) with the same --record finds the
+ * privileged ports the entry relocated there.
  *
  * How: a seccomp filter (inherited by every descendant) returns SECCOMP_RET_TRACE for bind,
  * connect and sendto-with-an-address only; this process is their ptrace tracer (PTRACE_SEIZE, so
@@ -165,9 +167,13 @@ static int port_taken_by_map(uint16_t port)
 }
 
 /* The port privileged port P goes to, allocating from --block on first use; 0 when none is left. */
+static uint16_t peer_port(struct in_addr addr, uint16_t port);
+
 static uint16_t relocate_privileged(uint16_t port)
 {
     if (privileged_to[port])
+        return privileged_to[port];
+    if ((privileged_to[port] = peer_port(own_addr, port)))  /* the service's entry took it already */
         return privileged_to[port];
     while (block_next && block_next <= block_hi) {
         uint16_t candidate = block_next++;
@@ -180,12 +186,14 @@ static uint16_t relocate_privileged(uint16_t port)
     return 0;
 }
 
-/* ---- other services' relocations (their record files in --peers) ---------------------------- */
+/* ---- relocations made by other tracers: other services' (their records in --peers) and this
+ * service's own entry, when this tracer runs a healthcheck or an exec beside it (--record) ---- */
 
 struct peer { struct in_addr addr; uint16_t from, to; };
 static struct peer *peers;
-static size_t n_peers;
+static size_t n_peers, peers_capacity;
 static struct timespec peers_read_at;
+static const char *record_path;
 
 static int parse_endpoint(char *text, struct in_addr *addr, uint16_t *port)
 {
@@ -202,6 +210,39 @@ static int parse_endpoint(char *text, struct in_addr *addr, uint16_t *port)
     return inet_pton(AF_INET, text, addr) == 1;
 }
 
+/* Takes the privileged-port binds of a record: "bind PROTO FROM TO". */
+static void read_record(int dir_fd, const char *path)
+{
+    int fd = openat(dir_fd, path, O_RDONLY | O_CLOEXEC);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (!f) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    char kind[16], proto[16], from[80], to[80], line[256];
+    while (fgets(line, sizeof line, f)) {
+        struct peer p;
+        struct in_addr from_addr;
+        if (sscanf(line, "%15s %15s %79s %79s", kind, proto, from, to) != 4 || strcmp(kind, "bind") != 0)
+            continue;
+        if (!parse_endpoint(from, &from_addr, &p.from) || !parse_endpoint(to, &p.addr, &p.to))
+            continue;
+        if (p.from == 0 || p.from >= 1024 || p.from == p.to)
+            continue;
+        if (n_peers == peers_capacity) {
+            size_t capacity = peers_capacity ? 2 * peers_capacity : 16;
+            struct peer *grown = realloc(peers, capacity * sizeof *peers);
+            if (!grown)
+                break;
+            peers = grown;
+            peers_capacity = capacity;
+        }
+        peers[n_peers++] = p;
+    }
+    fclose(f);
+}
+
 static void read_peers(void)
 {
     struct timespec now;
@@ -211,43 +252,15 @@ static void read_peers(void)
         return;
     peers_read_at = now;
     n_peers = 0;
-    DIR *dir = opendir(peers_dir);
+    if (record_path)
+        read_record(AT_FDCWD, record_path);
+    DIR *dir = peers_dir ? opendir(peers_dir) : NULL;
     if (!dir)
         return;
     struct dirent *entry;
-    size_t capacity = 0;
-    while ((entry = readdir(dir))) {
-        if (entry->d_name[0] == '.')
-            continue;
-        int fd = openat(dirfd(dir), entry->d_name, O_RDONLY | O_CLOEXEC);
-        FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
-        if (!f) {
-            if (fd >= 0)
-                close(fd);
-            continue;
-        }
-        char kind[16], proto[16], from[80], to[80];
-        char line[256];
-        while (fgets(line, sizeof line, f)) {
-            struct peer p;
-            struct in_addr from_addr;
-            if (sscanf(line, "%15s %15s %79s %79s", kind, proto, from, to) != 4 || strcmp(kind, "bind") != 0)
-                continue;
-            if (!parse_endpoint(from, &from_addr, &p.from) || !parse_endpoint(to, &p.addr, &p.to))
-                continue;
-            if (p.from == 0 || p.from >= 1024 || p.from == p.to)
-                continue;
-            if (n_peers == capacity) {
-                capacity = capacity ? 2 * capacity : 16;
-                struct peer *grown = realloc(peers, capacity * sizeof *peers);
-                if (!grown)
-                    break;
-                peers = grown;
-            }
-            peers[n_peers++] = p;
-        }
-        fclose(f);
-    }
+    while ((entry = readdir(dir)))
+        if (entry->d_name[0] != '.')
+            read_record(dirfd(dir), entry->d_name);
     closedir(dir);
 }
 
@@ -291,11 +304,12 @@ static int relocate(union sockaddr_any *a, int is_bind)
     if (self) {
         new_addr = own_addr;
         if (port && port < 1024) {
-            uint16_t to = is_bind ? relocate_privileged(port) : privileged_to[port];
+            uint16_t to = is_bind ? relocate_privileged(port) : privileged_to[port] ? privileged_to[port]
+                                                                                    : peer_port(own_addr, port);
             if (to)
                 new_port = to;
         }
-    } else if (!is_bind && peers_dir && port && port < 1024 && (ntohl(v4.s_addr) >> 24) == 127) {
+    } else if (!is_bind && port && port < 1024 && (ntohl(v4.s_addr) >> 24) == 127) {
         uint16_t to = peer_port(v4, port);
         if (to)
             new_port = to;
@@ -737,7 +751,6 @@ int main(int argc, char **argv)
 {
     int check = 0, i;
     const char *addr_text = getenv("C2S_LOOPBACK_ADDR");
-    const char *record_path = NULL;
     for (i = 1; i < argc; i++) {
         const char *arg = argv[i];
         const char *value = i + 1 < argc ? argv[i + 1] : NULL;
