@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""What c2s-loopback (compose2sif/intercept, issue 23) costs, on this machine: prints figures and
+ratios, traced against untraced, each the median of interleaved rounds.
+
+    python3 bench/intercept.py [--rounds 5] [--seconds 3] [--server 'CMD ... {port}']
+
+1. A connect() (UDP, so no server is involved: the system call alone), in a C loop:
+   untraced; traced and rewritten (127.0.0.1 -> the own address: a seccomp stop and a
+   syscall-exit stop); traced and left alone (another service's address: the seccomp stop only).
+2. HTTP requests/s of one client against one server, both under the tracer (the client connects to
+   127.0.0.1, rewritten: the worst case) or both without (the client connects to the server's
+   address directly), with keep-alive and with a new connection per request. The default server is
+   Python's ThreadingHTTPServer (HTTP/1.1); --server runs another one that binds 0.0.0.0:{port}
+   (e.g. a Go server: --server '/usr/bin/etcd --data-dir /tmp/e --listen-client-urls
+   http://0.0.0.0:{port} --advertise-client-urls http://127.0.0.1:{port}' with path /version).
+Needs cc (the tracer and the connect loop are built here) and Linux x86_64.
+"""
+import argparse
+import os
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parent.parent / "compose2sif" / "intercept"
+ADDR = "127.0.10.1"    # the service's own address in the traced runs
+OTHER = "127.0.10.2"   # another service's address
+
+CONNECT_LOOP = r"""
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <time.h>
+int main(int argc, char **argv) {
+    long n = atol(argv[1]);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[3]))};
+    inet_pton(AF_INET, argv[2], &a.sin_addr);
+    int s = socket(AF_INET, SOCK_DGRAM, 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long i = 0; i < n; i++)
+        if (connect(s, (struct sockaddr *)&a, sizeof a) < 0) { perror("connect"); return 1; }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    printf("%.1f\n", ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / n);
+    return 0;
+}
+"""
+
+SERVER = """
+import http.server, sys
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
+    def do_GET(self):
+        body = b"ok\\n"
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args): pass
+http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+CLIENT = """
+import http.client, sys, time
+host, port, path, keep_alive, seconds = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1", float(sys.argv[5])
+done, conn, end = 0, None, time.monotonic() + seconds
+start = time.monotonic()
+while time.monotonic() < end:
+    if conn is None:
+        conn = http.client.HTTPConnection(host, port)
+    conn.request("GET", path)
+    response = conn.getresponse(); response.read()
+    if response.status != 200: sys.exit("status %d" % response.status)
+    done += 1
+    if not keep_alive:
+        conn.close(); conn = None
+print(done / (time.monotonic() - start))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((ADDR, 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(addr: str, port: int) -> None:
+    for _ in range(200):
+        try:
+            socket.create_connection((addr, port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"intercept.py: the server did not listen on {addr}:{port}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=3.0, help="per HTTP measurement")
+    ap.add_argument("--connects", type=int, default=200000, help="per connect measurement")
+    ap.add_argument("--server", help="a server command binding 0.0.0.0:{port} (default: Python's)")
+    ap.add_argument("--path", default="/", help="the path the client asks for")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="c2s-intercept-bench-"))
+    tracer = work / "c2s-loopback"
+    subprocess.run([str(SOURCE / "build.sh"), str(tracer)], check=True)
+    (work / "loop.c").write_text(CONNECT_LOOP)
+    subprocess.run(["cc", "-O2", "-o", str(work / "loop"), str(work / "loop.c")], check=True)
+
+    def under_tracer(argv, traced):
+        return [str(tracer), "--addr", ADDR, "--", *argv] if traced else argv
+
+    print(f"kernel {os.uname().release}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
+          f"medians of {args.rounds} rounds")
+    # 1. the cost of one connect
+    cases = {"untraced": (False, ADDR), "traced, rewritten": (True, "127.0.0.1"),
+             "traced, left alone": (True, OTHER)}
+    ns = {name: [] for name in cases}
+    for _ in range(args.rounds):
+        for name, (traced, target) in cases.items():
+            out = subprocess.run(under_tracer([str(work / "loop"), str(args.connects), target, "9"], traced),
+                                 capture_output=True, text=True, check=True).stdout
+            ns[name].append(float(out))
+    base = statistics.median(ns["untraced"])
+    print(f"\nconnect() (UDP, {args.connects} calls in a loop)")
+    for name in cases:
+        m = statistics.median(ns[name])
+        print(f"  {name:20s} {m / 1000:7.2f} us/call   +{(m - base) / 1000:6.2f} us   x{m / base:6.1f}")
+
+    # 2. HTTP requests/s
+    print(f"\nHTTP requests/s, one client, {args.seconds:g} s each"
+          f" ({'server: ' + args.server if args.server else 'server: Python ThreadingHTTPServer'})")
+    rates = {}
+    for _ in range(args.rounds):
+        for traced in (False, True):
+            port = free_port()
+            server_argv = (shlex.split(args.server.format(port=port)) if args.server
+                           else [sys.executable, "-c", SERVER, str(port)])
+            if not traced:  # untraced, the server binds where the traced one is relocated to
+                server_argv = [a.replace("0.0.0.0", ADDR) for a in server_argv]
+            server = subprocess.Popen(under_tracer(server_argv, traced), stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+            try:
+                wait_listening(ADDR, port)
+                for keep_alive in (True, False):
+                    host = "127.0.0.1" if traced else ADDR
+                    client = [sys.executable, "-c", CLIENT, host, str(port), args.path, "1" if keep_alive else "0",
+                              str(args.seconds)]
+                    out = subprocess.run(under_tracer(client, traced), capture_output=True, text=True, check=True)
+                    rates.setdefault((keep_alive, traced), []).append(float(out.stdout))
+            finally:
+                server.terminate()
+                server.wait()
+    for keep_alive in (True, False):
+        plain, traced = (statistics.median(rates[(keep_alive, t)]) for t in (False, True))
+        label = "keep-alive" if keep_alive else "new connection per request"
+        print(f"  {label:28s} untraced {plain:8.0f}/s   traced {traced:8.0f}/s   ratio {traced / plain:5.3f}")
+
+
+if __name__ == "__main__":
+    main()
