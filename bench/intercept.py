@@ -7,9 +7,10 @@ ratios, traced against untraced, each the median of interleaved rounds.
 1. A connect() (UDP, so no server is involved: the system call alone), in a C loop:
    untraced; traced and rewritten (127.0.0.1 -> the own address: a seccomp stop and a
    syscall-exit stop); traced and left alone (another service's address: the seccomp stop only).
-2. HTTP requests/s of one client against one server, both under the tracer (the client connects to
-   127.0.0.1, rewritten: the worst case) or both without (the client connects to the server's
-   address directly), with keep-alive and with a new connection per request. The default server is
+2. HTTP requests/s of one client against one server, with keep-alive and with a new connection per
+   request: both without the tracer (the client connects to the server's address); the server
+   under it with a client of the same service (connects to 127.0.0.1: rewritten, the worst case)
+   and with a client of another service (connects to the server's address: one stop, left alone). The default server is
    Python's ThreadingHTTPServer (HTTP/1.1); --server runs another one that binds 0.0.0.0:{port}
    (e.g. a Go server: --server '/usr/bin/etcd --data-dir /tmp/e --listen-client-urls
    http://0.0.0.0:{port} --advertise-client-urls http://127.0.0.1:{port}' with path /version).
@@ -149,18 +150,24 @@ def main() -> None:
             try:
                 wait_listening(ADDR, port)
                 for keep_alive in (True, False):
-                    host = "127.0.0.1" if traced else ADDR
-                    client = [sys.executable, "-c", CLIENT, host, str(port), args.path, "1" if keep_alive else "0",
-                              str(args.seconds)]
-                    out = subprocess.run(under_tracer(client, traced), capture_output=True, text=True, check=True)
-                    rates.setdefault((keep_alive, traced), []).append(float(out.stdout))
+                    # traced: a client of the same service (127.0.0.1, rewritten) and one of another
+                    # service (the server's address, left alone); untraced: the server's address
+                    for client_case, host, client_addr in ((("same", "127.0.0.1", ADDR), ("other", ADDR, OTHER))
+                                                           if traced else (("plain", ADDR, None),)):
+                        client = [sys.executable, "-c", CLIENT, host, str(port), args.path,
+                                  "1" if keep_alive else "0", str(args.seconds)]
+                        if client_addr:
+                            client = [str(tracer), "--addr", client_addr, "--", *client]
+                        out = subprocess.run(client, capture_output=True, text=True, check=True)
+                        rates.setdefault((keep_alive, client_case), []).append(float(out.stdout))
             finally:
                 server.terminate()
                 server.wait()
     for keep_alive in (True, False):
-        plain, traced = (statistics.median(rates[(keep_alive, t)]) for t in (False, True))
+        plain, same, other = (statistics.median(rates[(keep_alive, c)]) for c in ("plain", "same", "other"))
         label = "keep-alive" if keep_alive else "new connection per request"
-        print(f"  {label:28s} untraced {plain:8.0f}/s   traced {traced:8.0f}/s   ratio {traced / plain:5.3f}")
+        print(f"  {label:27s} untraced {plain:7.0f}/s | traced: client of the same service {same:7.0f}/s"
+              f" ({same / plain:5.3f}), of another service {other:7.0f}/s ({other / plain:5.3f})")
 
 
 if __name__ == "__main__":
