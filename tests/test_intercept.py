@@ -101,6 +101,16 @@ def test_check_says_interception_works_here(tracer):
     assert "ok: bind/connect relocation" in proc.stdout
 
 
+@pytest.mark.skipif(not shutil.which("strace"), reason="needs strace to hold the ptrace slot")
+def test_check_says_why_not_in_one_line(tracer):
+    """Under another tracer (strace -f, as a site's debugger or a nested tracer would be), the
+    command cannot be traced a second time: --check fails with one line saying so."""
+    proc = subprocess.run(["strace", "-f", "-o", "/dev/null", str(tracer), "--check"], capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == ["c2s-loopback: ptrace refused: Operation not permitted"]
+
+
 def test_dynamic_server_binding_all_addresses_answers_on_its_own(services, tracer, tmp_path):
     port = free_port("127.0.0.1")
     (tmp_path / "www").mkdir()

@@ -2,7 +2,7 @@
  *
  *   c2s-loopback --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--record FILE] [--peers DIR]
  *                -- COMMAND [ARG]...
- *   c2s-loopback --check [--addr 127.A.B.C]
+ *   c2s-loopback --check [--addr 127.A.B.C]     (exit 0: works here; 1 and one line: why not)
  *
  * For COMMAND and every process and thread it starts, bind/connect/sendto are relocated:
  *   - bind to 0.0.0.0, ::, 127.0.0.1, ::1 (or the service's own address) on port P goes to the
@@ -852,7 +852,7 @@ int main(int argc, char **argv)
                 scope[0] ? ", kernel.yama.ptrace_scope=" : "", scope);
         close(go[1]);
         waitpid(child, NULL, 0);
-        return EXIT_SETUP;
+        return check ? 1 : EXIT_SETUP;
     }
     if (write(go[1], "g", 1) != 1) {
         kill(child, SIGKILL);
