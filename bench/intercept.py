@@ -4,9 +4,10 @@ ratios, traced against untraced, each the median of interleaved rounds.
 
     python3 bench/intercept.py [--rounds 5] [--seconds 3] [--server 'CMD ... {port}']
 
-1. A connect() (UDP, so no server is involved: the system call alone), in a C loop:
-   untraced; traced and rewritten (127.0.0.1 -> the own address: a seccomp stop and a
-   syscall-exit stop); traced and left alone (another service's address: the seccomp stop only).
+1. One call in a C loop: a connect() (UDP, so no server is involved: the system call alone)
+   untraced, traced and rewritten (127.0.0.1 -> the own address: a seccomp stop and a syscall-exit
+   stop), traced and left alone (another service's address: the seccomp stop only); a fork+wait
+   and a thread create+join, untraced and traced (each new tracee costs an attach stop).
 2. HTTP requests/s of one client against one server, with keep-alive and with a new connection per
    request: both without the tracer (the client connects to the server's address); the server
    under it with a client of the same service (connects to 127.0.0.1: rewritten, the worst case)
@@ -14,7 +15,7 @@ ratios, traced against untraced, each the median of interleaved rounds.
    Python's ThreadingHTTPServer (HTTP/1.1); --server runs another one that binds 0.0.0.0:{port}
    (e.g. a Go server: --server '/usr/bin/etcd --data-dir /tmp/e --listen-client-urls
    http://0.0.0.0:{port} --advertise-client-urls http://127.0.0.1:{port}' with path /version).
-Needs cc (the tracer and the connect loop are built here) and Linux x86_64.
+Needs cc (the tracer and the C loops are built here) and Linux x86_64.
 """
 import argparse
 import os
@@ -31,23 +32,40 @@ SOURCE = Path(__file__).resolve().parent.parent / "compose2sif" / "intercept"
 ADDR = "127.0.10.1"    # the service's own address in the traced runs
 OTHER = "127.0.10.2"   # another service's address
 
-CONNECT_LOOP = r"""
+LOOPS = r"""
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
+static void *nothing(void *arg) { return arg; }
+/* loops MODE N [ADDR PORT]: prints the mean microseconds of one connect, fork+wait or thread+join */
 int main(int argc, char **argv) {
-    long n = atol(argv[1]);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[3]))};
-    inet_pton(AF_INET, argv[2], &a.sin_addr);
+    long n = atol(argv[2]);
+    struct sockaddr_in a = {.sin_family = AF_INET};
     int s = socket(AF_INET, SOCK_DGRAM, 0);
+    if (argc > 4) { a.sin_port = htons(atoi(argv[4])); inet_pton(AF_INET, argv[3], &a.sin_addr); }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (long i = 0; i < n; i++)
-        if (connect(s, (struct sockaddr *)&a, sizeof a) < 0) { perror("connect"); return 1; }
+    for (long i = 0; i < n; i++) {
+        if (!strcmp(argv[1], "connect")) {
+            if (connect(s, (struct sockaddr *)&a, sizeof a) < 0) { perror("connect"); return 1; }
+        } else if (!strcmp(argv[1], "fork")) {
+            pid_t pid = fork();
+            if (pid == 0) _exit(0);
+            waitpid(pid, NULL, 0);
+        } else {
+            pthread_t t;
+            pthread_create(&t, NULL, nothing, NULL);
+            pthread_join(t, NULL);
+        }
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    printf("%.1f\n", ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / n);
+    printf("%.3f\n", ((t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3) / n);
     return 0;
 }
 """
@@ -108,31 +126,41 @@ def main() -> None:
     ap.add_argument("--path", default="/", help="the path the client asks for")
     args = ap.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="c2s-intercept-bench-"))
+    with tempfile.TemporaryDirectory(prefix="c2s-intercept-bench-") as work:
+        measure(args, Path(work))
+
+
+def measure(args, work: Path) -> None:
     tracer = work / "c2s-loopback"
     subprocess.run([str(SOURCE / "build.sh"), str(tracer)], check=True)
-    (work / "loop.c").write_text(CONNECT_LOOP)
-    subprocess.run(["cc", "-O2", "-o", str(work / "loop"), str(work / "loop.c")], check=True)
+    (work / "loops.c").write_text(LOOPS)
+    subprocess.run(["cc", "-O2", "-pthread", "-o", str(work / "loops"), str(work / "loops.c")], check=True)
 
     def under_tracer(argv, traced):
         return [str(tracer), "--addr", ADDR, "--", *argv] if traced else argv
 
     print(f"kernel {os.uname().release}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
           f"medians of {args.rounds} rounds")
-    # 1. the cost of one connect
-    cases = {"untraced": (False, ADDR), "traced, rewritten": (True, "127.0.0.1"),
-             "traced, left alone": (True, OTHER)}
-    ns = {name: [] for name in cases}
+    # 1. the cost of one connect, fork, thread
+    cases = {"connect, untraced": (False, ["connect", str(args.connects), ADDR, "9"]),
+             "connect, rewritten": (True, ["connect", str(args.connects), "127.0.0.1", "9"]),
+             "connect, left alone": (True, ["connect", str(args.connects), OTHER, "9"]),
+             "fork+wait, untraced": (False, ["fork", str(args.connects // 50)]),
+             "fork+wait, traced": (True, ["fork", str(args.connects // 50)]),
+             "thread+join, untraced": (False, ["thread", str(args.connects // 20)]),
+             "thread+join, traced": (True, ["thread", str(args.connects // 20)])}
+    us = {name: [] for name in cases}
     for _ in range(args.rounds):
-        for name, (traced, target) in cases.items():
-            out = subprocess.run(under_tracer([str(work / "loop"), str(args.connects), target, "9"], traced),
+        for name, (traced, loop) in cases.items():
+            out = subprocess.run(under_tracer([str(work / "loops"), *loop], traced),
                                  capture_output=True, text=True, check=True).stdout
-            ns[name].append(float(out))
-    base = statistics.median(ns["untraced"])
-    print(f"\nconnect() (UDP, {args.connects} calls in a loop)")
+            us[name].append(float(out))
+    print(f"\none call in a C loop ({args.connects} UDP connects, a 50th as many forks, a 20th as many threads)")
     for name in cases:
-        m = statistics.median(ns[name])
-        print(f"  {name:20s} {m / 1000:7.2f} us/call   +{(m - base) / 1000:6.2f} us   x{m / base:6.1f}")
+        kind = name.split(",")[0]
+        base = statistics.median(us[f"{kind}, untraced"])
+        m = statistics.median(us[name])
+        print(f"  {name:22s} {m:8.2f} us   +{m - base:7.2f} us   x{m / base:6.1f}")
 
     # 2. HTTP requests/s
     print(f"\nHTTP requests/s, one client, {args.seconds:g} s each"
