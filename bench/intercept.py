@@ -19,6 +19,7 @@ Needs cc (the tracer and the C loops are built here) and Linux x86_64.
 """
 import argparse
 import os
+import resource
 import shlex
 import socket
 import statistics
@@ -87,7 +88,7 @@ CLIENT = """
 import http.client, sys, time
 host, port, path, keep_alive, seconds = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1", float(sys.argv[5])
 done, conn, end = 0, None, time.monotonic() + seconds
-start = time.monotonic()
+start, startup_cpu = time.monotonic(), time.process_time()
 while time.monotonic() < end:
     if conn is None:
         conn = http.client.HTTPConnection(host, port)
@@ -97,7 +98,7 @@ while time.monotonic() < end:
     done += 1
     if not keep_alive:
         conn.close(); conn = None
-print(done / (time.monotonic() - start))
+print(done / (time.monotonic() - start), done, startup_cpu)
 """
 
 
@@ -165,7 +166,7 @@ def measure(args, work: Path) -> None:
     # 2. HTTP requests/s
     print(f"\nHTTP requests/s, one client, {args.seconds:g} s each"
           f" ({'server: ' + args.server if args.server else 'server: Python ThreadingHTTPServer'})")
-    rates = {}
+    rates, cpu_us = {}, {}
     for _ in range(args.rounds):
         for traced in (False, True):
             port = free_port()
@@ -186,8 +187,14 @@ def measure(args, work: Path) -> None:
                                   "1" if keep_alive else "0", str(args.seconds)]
                         if client_addr:
                             client = [str(tracer), "--addr", client_addr, "--", *client]
+                        before = resource.getrusage(resource.RUSAGE_CHILDREN)
                         out = subprocess.run(client, capture_output=True, text=True, check=True)
-                        rates.setdefault((keep_alive, client_case), []).append(float(out.stdout))
+                        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                        rate, done, startup_cpu = (float(x) for x in out.stdout.split())
+                        cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) - startup_cpu
+                        rates.setdefault((keep_alive, client_case), []).append(rate)
+                        # CPU time of the client's loop and its tracer per request: what load blurs less
+                        cpu_us.setdefault((keep_alive, client_case), []).append(cpu / done * 1e6)
             finally:
                 server.terminate()
                 server.wait()
@@ -196,6 +203,9 @@ def measure(args, work: Path) -> None:
         label = "keep-alive" if keep_alive else "new connection per request"
         print(f"  {label:27s} untraced {plain:7.0f}/s | traced: client of the same service {same:7.0f}/s"
               f" ({same / plain:5.3f}), of another service {other:7.0f}/s ({other / plain:5.3f})")
+        plain, same, other = (statistics.median(cpu_us[(keep_alive, c)]) for c in ("plain", "same", "other"))
+        print(f"  {'':27s} client CPU per request: untraced {plain:6.1f} us | same service {same:6.1f} us"
+              f" (+{same - plain:.1f}), another service {other:6.1f} us (+{other - plain:.1f})")
 
 
 if __name__ == "__main__":
