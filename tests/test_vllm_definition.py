@@ -163,7 +163,7 @@ def test_both_definitions_set_the_same_v100_environment():
 def test_the_pypi_definition_pins_vllm_0_19_1_on_a_base_given_at_build_time():
     sections = _sections(DEFINITIONS / "vllm-v100.def")
     assert sections["header"] == ["Bootstrap: docker", "From: {{ BASE }}"]
-    assert sections["%arguments"] == ["BASE=ubuntu:24.04"]
+    assert sections["%arguments"] == ["BASE=ubuntu:24.04", "PIP_INDEX_URL=https://pypi.org/simple"]
     post = "\n".join(sections["%post"])
     assert re.findall(r'"vllm==[^"]*"', post) == ['"vllm==0.19.1"']
     assert '"ray[cgraph]>=2.48,<3"' in post
