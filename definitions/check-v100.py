@@ -10,9 +10,10 @@ without sm_70 fails only on the V100, at the first request; this check fails the
 
 Installed: torch's CUDA arch flags (torch._C._cuda_getArchFlags(), compiled in, readable without
 a GPU) must include sm_70; vllm's _C and _moe_C modules must hold sm_70 cubins; `vllm serve
---help` must run. Wheels: the same cubin check on vllm's _C and _moe_C and on torch's
-libtorch_cuda.so. cuobjdump comes from PyPI's nvidia-cuda-cuobjdump, installed to a temporary
-directory and removed (or --cuobjdump PATH). Any failure: one line on stderr, exit status 1.
+--help` must run (on vllm's CPU platform: without a GPU it detects none). Wheels: the same
+cubin check on vllm's _C and _moe_C and on torch's libtorch_cuda.so. cuobjdump comes from PyPI's
+nvidia-cuda-cuobjdump, installed to a temporary directory and removed (or --cuobjdump PATH).
+Any failure: one line on stderr, exit status 1.
 """
 import argparse
 import importlib.util
@@ -115,13 +116,26 @@ def check_installed(cuobjdump: Path) -> List[str]:
     return [p for p in problems if p]
 
 
+# `vllm serve --help` as the `vllm` command runs it. With no GPU (and no driver: vllm._C needs
+# libcuda.so.1), vllm finds no platform and cannot build its argument defaults ("Failed to infer
+# device type"), so the CPU platform is set, as vllm's own `bench` command does.
+SERVE_HELP = """import sys
+from vllm import platforms
+if platforms.current_platform.is_unspecified():
+    from vllm.platforms.cpu import CpuPlatform
+    platforms.current_platform = CpuPlatform()
+from vllm.entrypoints.cli.main import main
+sys.argv = ["vllm", "serve", "--help"]
+main()
+"""
+
+
 def check_serve_help() -> None:
     """`vllm serve --help` runs: the command is installed and its imports work without a GPU."""
     beside = Path(sys.executable).parent / "vllm"
-    vllm = str(beside) if beside.exists() else shutil.which("vllm")
-    if not vllm:
+    if not (beside.exists() or shutil.which("vllm")):
         raise CheckError("no `vllm` command installed")
-    proc = subprocess.run([vllm, "serve", "--help"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", SERVE_HELP], capture_output=True, text=True)
     if proc.returncode != 0 or "usage" not in proc.stdout.lower():
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise CheckError(f"`vllm serve --help` fails: {last}")
