@@ -23,11 +23,11 @@ RUN = REPO / "run"
 STANDIN = REPO / "tests" / "standins" / "recording-standin-apptainer"
 ENGINE_MARKER = "# ---- the engine (the same for every project"
 
+# (no ports: what listens on this machine, e2e test beds included, must not matter here)
 COMPOSE = """name: v
 services:
   db:
     image: busybox
-    expose: ["5432"]
   web:
     build: ./web
     restart: always
@@ -35,17 +35,25 @@ services:
 """
 
 
-@pytest.fixture
-def project(tmp_path):
-    """A converted project whose run.sh header alone is out/header.sh (HERE is out/)."""
-    (tmp_path / "compose.yaml").write_text(COMPOSE)
-    (tmp_path / "web").mkdir()
-    (tmp_path / "web" / "Dockerfile").write_text("FROM busybox\nCMD [\"sleep\", \"300\"]\n")
-    subprocess.run(["python3", "-m", "compose2sif", "-f", str(tmp_path / "compose.yaml"), "convert", "--offline",
-                    "-o", str(tmp_path / "out")], check=True, capture_output=True,
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """The project converted once; out/header.sh is its run.sh's header alone."""
+    root = tmp_path_factory.mktemp("converted")
+    (root / "compose.yaml").write_text(COMPOSE)
+    (root / "web").mkdir()
+    (root / "web" / "Dockerfile").write_text("FROM busybox\nCMD [\"sleep\", \"300\"]\n")
+    subprocess.run(["python3", "-m", "compose2sif", "-f", str(root / "compose.yaml"), "convert", "--offline",
+                    "-o", str(root / "out")], check=True, capture_output=True,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
-    text = (tmp_path / "out" / "run.sh").read_text()
-    (tmp_path / "out" / "header.sh").write_text(text[:text.index(ENGINE_MARKER)])
+    text = (root / "out" / "run.sh").read_text()
+    (root / "out" / "header.sh").write_text(text[:text.index(ENGINE_MARKER)])
+    return root / "out"
+
+
+@pytest.fixture
+def project(converted, tmp_path):
+    """A copy of the converted project for one test (its run.sh finds everything from where it is)."""
+    shutil.copytree(converted, tmp_path / "out", symlinks=True)
     (tmp_path / "listing.json").write_text('{"instances": []}')
     return tmp_path
 
@@ -97,13 +105,13 @@ def test_each_file_sources_on_its_own_and_runs_nothing(rel, tmp_path):
     assert os.listdir(tmp_path) == []  # (main.sh's main would have run `ps` and made a state directory)
 
 
-@pytest.mark.parametrize("rel", sorted(p.relative_to(RUN).as_posix() for p in RUN.rglob("*.sh")))
-def test_each_file_is_shellcheck_clean(rel):
+def test_each_file_is_shellcheck_clean():
     if shutil.which("shellcheck") is None:
         if os.environ.get("CI"):
             pytest.fail("shellcheck is not installed (.ci/run installs it)")
         pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
-    proc = subprocess.run(["shellcheck", rel], cwd=RUN, capture_output=True, text=True)  # (run/.shellcheckrc)
+    files = sorted(p.relative_to(RUN).as_posix() for p in RUN.rglob("*.sh"))
+    proc = subprocess.run(["shellcheck", *files], cwd=RUN, capture_output=True, text=True)  # (run/.shellcheckrc)
     assert proc.returncode == 0, proc.stdout
 
 
