@@ -356,14 +356,14 @@ def test_run_sh_deletes_nothing_through_a_planted_state_link(simple, tmp_path):
 
 
 def test_rm_inside_refuses_what_resolves_outside(simple, tmp_path):
-    """engine.sh's rm_inside, on its own: a link in the path's parents sends nothing outside."""
+    """run/lib/core.sh's rm_inside, on its own: a link in the path's parents sends nothing outside."""
     project, victim = simple
     out = project / "out"
     assert _convert(project, out).returncode == 0
     (out / "state").mkdir()
     (out / "state" / "overlay").symlink_to(victim)
     (out / "state" / "gone").mkdir()
-    script = (f'source <(sed -n "/^die()/p; /^rm_inside() {{/,/^}}/p" {out}/run.sh); HERE={out}; '
+    script = (f'source {REPO}/run/lib/core.sh; HERE={out}; '
               f'rm_inside {out}/state/gone; rm_inside {out}/state/overlay/.bashrc')
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     assert proc.returncode == 1 and "outside" in proc.stderr, proc.stderr

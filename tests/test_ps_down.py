@@ -134,7 +134,6 @@ def test_down_signals_the_service_then_ends_the_whole_instance_tree(project):
     (60 * 86400, "2 months"), (730 * 86400, "2 years")])
 def test_uptime_in_docker_words(seconds, words):
     """As Docker's go-units HumanDuration words a container's uptime ("Up 3 minutes")."""
-    function = re.search(r"^human_duration\(\) \{.*?^\}$", (REPO / "run" / "engine.sh").read_text(), re.S | re.M).group(0)
-    proc = subprocess.run(["bash", "-c", f'{function}\nhuman_duration {seconds}; printf %s "$DURATION"'],
-                          capture_output=True, text=True)
+    script = f'source {REPO}/run/lib/listing.sh; human_duration {seconds}; printf %s "$DURATION"'
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     assert proc.stdout == words
