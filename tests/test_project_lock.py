@@ -1,4 +1,4 @@
-"""One `up`, `down`, `restart`, `build` or `pull` of a project at a time (run/engine.sh
+"""One `up`, `down`, `restart`, `build` or `pull` of a project at a time (run/cmd/*.sh and run/lib/lock.sh
 take_project_lock), without a container runtime: the runtime is the RECORDING STAND-IN of
 tests/test_ps_down.py. Two at once on the real runtime: tests/e2e/test_recovery.py."""
 import os

@@ -173,6 +173,17 @@ def test_restart_stops_then_starts_the_service(project):
     assert run_verb(project, "restart", "cmd_restart").stderr.strip() == "run.sh: restart: name a service"
 
 
+def test_restart_does_not_wait_for_the_dependencies(project):
+    """`restart web` while db has no status (stopped, or never started by this run): Compose restarts
+    web at once; before, run.sh waited on db's status file forever."""
+    sif, instance = service(project, "web", "S_SIF", "S_INSTANCE")
+    Path(sif).parent.mkdir(exist_ok=True)
+    Path(sif).write_text("")
+    proc = run_verb(project, "restart", "cmd_restart", "web")  # run_verb's timeout fails a hang
+    assert "waiting for db" not in proc.stderr, proc.stderr
+    starts = [c for c in calls(project) if c[:2] == ["instance", "start"]]
+    assert len(starts) == 1 and starts[0][-1] == instance, calls(project)
+
 def test_logs_prints_the_log_the_runtime_names(project):
     (project / "db.out").write_text("hello from db\n")
     listing(project, **{"v-db": {"pid": 1, "logOutPath": str(project / "db.out"), "logErrPath": ""}})

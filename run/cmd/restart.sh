@@ -10,7 +10,6 @@ cmd_restart() {
     for name in "$@"; do
         stop_service "$name"
         load_service "$name"
-        S_DEPENDS=()
-        start_service "$name" || { echo "run.sh: $name: $(get_status "$name")" >&2; return 1; }
+        start_service "$name" restart || { echo "run.sh: $name: $(get_status "$name")" >&2; return 1; }
     done
 }

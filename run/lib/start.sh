@@ -131,10 +131,12 @@ up_one() {
 
 # Start service $1 once its dependencies meet their conditions, and wait until it runs, listens
 # on its required endpoints and (with a healthcheck) is healthy. Its status file says how it went
-# ("failed REASON" when it did not), its progress line what it is doing.
+# ("failed REASON" when it did not), its progress line what it is doing. With $2 = restart (a
+# restart, by hand or by the supervisor) its dependencies are not waited for, as in Compose.
 start_service() {
     local name=$1 reason held i already=0
     load_service "$name"
+    [ "${2:-}" = restart ] && S_DEPENDS=()
     [ ${#S_DEPENDS[@]} -gt 0 ] && progress "$name" "waiting for $(depends_text)"
     if ! reason=$(wait_dependencies); then
         set_status "$name" "failed $reason"

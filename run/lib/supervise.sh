@@ -50,8 +50,7 @@ supervise() {
             esac
             attempts[$name]=$((${attempts[$name]:-0} + 1))
             note "$name ended (exit code ${rc:-unknown}); restarting (restart: $S_RESTART)"
-            S_DEPENDS=()
-            start_service "$name" || note "$name: restart failed: $(get_status "$name")"
+            start_service "$name" restart || note "$name: restart failed: $(get_status "$name")"
         done <"$RUNDIR/supervised"
         nap 1
     done
