@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from test_convert_golden import assert_valid_bash
-from test_realworld_network import check_plan
+from helpers import assert_valid_bash, check_plan
 
 DIFY = Path(__file__).resolve().parent.parent.parent / "shared" / "reference" / "dify-1.17.1"
 PUBLIC_DEFAULTS = ["difyai123456", "sk-9f73s3ljTXVcMT3Blb3ljTqtsKiGHXVcMT3BlbkFJLK7U", "lYkiYYT6owG+71oLerGzA7GX",

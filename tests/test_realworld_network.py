@@ -13,7 +13,7 @@ import pytest
 from compose2sif.errors import ComposeError
 from compose2sif.load import ProjectOptions, load_project
 from compose2sif.plan import PlanOptions, build_plan, image_definitions
-from compose2sif.plan.network import References, overlaps
+from helpers import check_plan
 
 REALWORLD = Path(__file__).resolve().parent.parent.parent / "shared" / "realworld"
 
@@ -63,34 +63,6 @@ def _load(name: str, tmp_path: Path, dockerfiles=None):
                 stage = f" AS {build['target']}" if build.get("target") else ""
                 dockerfile.write_text(f"FROM debian:12{stage}\n")  # stand-in: the corpus keeps no Dockerfiles
     return load_project(options)
-
-
-def _texts(plan):
-    """(service, text) of everything in the plan that may name another service's port."""
-    for service in plan.services:
-        for value in service.environment.values():
-            yield service.name, value
-        for arg in service.launch or []:
-            yield service.name, arg
-        for arg in (service.healthcheck or {}).get("test", []):
-            yield service.name, arg
-    for path, content in plan.configs.items():
-        yield path.split("/")[1], content
-
-
-def check_plan(plan) -> None:
-    endpoints = [(s.name, p) for s in plan.services for p in s.ports]
-    for i, (a, pa) in enumerate(endpoints):
-        assert pa.host >= 1024, f"{a} listens on privileged port {pa.host}"
-        for b, pb in endpoints[i + 1:]:
-            if a != b or pa.container != pb.container:
-                assert not overlaps((pa.address, pa.host), (pb.address, pb.host)), \
-                    f"{a} {pa.address}:{pa.host} collides with {b} {pb.address}:{pb.host}"
-    finder = References({s.name: s.names for s in plan.services})
-    listening = {(s.name, p.host) for s in plan.services for p in s.ports}
-    for client, text in _texts(plan):
-        for server, port in finder.references(text):
-            assert (server, port) in listening, f"{client} names {server}:{port}, where {server} does not listen"
 
 
 @pytest.mark.parametrize("name", sorted(PROJECTS))
