@@ -34,7 +34,7 @@ def taken(tell: Callable[[str], None] = print):
             tell(f"took the end-to-end test bed after {time.monotonic() - started:.0f} s")
         lock.seek(0)
         lock.truncate()
-        command = Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        command = " ".join(Path("/proc/self/cmdline").read_bytes().decode(errors="replace").split())
         lock.write(f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}: {command[:200]}\n")
         lock.flush()
         yield
