@@ -13,6 +13,7 @@ import pytest
 from compose2sif import render
 from compose2sif.load import ProjectOptions, load_project
 from compose2sif.plan import PlanOptions, build_plan
+from helpers import assert_valid_bash
 
 HERE = Path(__file__).resolve().parent
 CASES = {"e2e-stack": HERE / "e2e" / "stack", "llm-chat": HERE.parent / "stacks" / "llm-chat"}
@@ -76,17 +77,6 @@ def test_output_is_private(tmp_path):
         assert env_file.stat().st_mode & 0o777 == 0o600
     assert "change-me-too" not in (out / "run.sh").read_text()  # secrets stay in the env files
     assert "change-me-too" not in (out / "plan.json").read_text()
-
-
-def assert_valid_bash(script: Path) -> None:
-    """`bash -n` and shellcheck (a missing shellcheck skips outside CI, fails in it)."""
-    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
-    if shutil.which("shellcheck") is None:
-        if os.environ.get("CI"):
-            pytest.fail("shellcheck is not installed (.ci/run installs it)")
-        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
-    proc = subprocess.run(["shellcheck", "-s", "bash", str(script)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

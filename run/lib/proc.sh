@@ -5,6 +5,7 @@ PARENT=""
 parent_of() {
     local line="" rest
     PARENT=""
+    [ -n "$1" ] || return 1  # "" would read /proc//stat, the kernel's /proc/stat: never a process
     { read -r line || true; } 2>/dev/null <"/proc/$1/stat"
     rest=${line##*) }
     [ -n "$line" ] && [ "${rest%% *}" != Z ] || return 1
@@ -19,6 +20,7 @@ PROC_START=""
 proc_start() {
     local line="" fields=()
     PROC_START=""
+    [ -n "$1" ] || return 1
     { read -r line || true; } 2>/dev/null <"/proc/$1/stat"
     [ -n "$line" ] || return 1
     read -r -a fields <<<"${line##*) }"  # fields 3.. of stat: the state, ..., the start time (22)

@@ -42,6 +42,12 @@ if [ -f "$ready" ]; then
     exit 0
 fi
 
+# one build at a time: a second provision.sh waits here, then finds the first one's work
+mkdir -p "$dir"
+exec 9>"$dir/.lock"
+flock 9
+[ -f "$ready" ] && { cat "$ready"; exit 0; }
+
 need=()
 for tool in debootstrap umoci skopeo docker-registry; do
     command -v "$tool" >/dev/null || need+=("$tool")
@@ -51,11 +57,6 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap umoci skopeo docker-registry >/dev/null
 fi
-
-mkdir -p "$dir"
-exec 9>"$dir/.lock"
-flock 9
-[ -f "$ready" ] && { cat "$ready"; exit 0; }
 
 # ---- the node: Apptainer 1.4 from Debian sid, an unprivileged user ---------------------------
 if [ ! -f "$node/.done" ]; then
