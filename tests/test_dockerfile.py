@@ -177,18 +177,22 @@ def test_nested_arg_defaults_are_expanded(tmp_path):
 
 
 def test_the_base_images_entrypoint_and_cmd_apply_without_the_dockerfiles_own(tmp_path):
-    """As Docker: no ENTRYPOINT and no CMD of its own keeps the base image's (the runscript
-    Apptainer derives from the base's configuration stays); a CMD alone runs through the base's
-    ENTRYPOINT (the base's runscript, saved in %post, given the CMD as arguments); an ENTRYPOINT of
-    its own drops the base's CMD."""
+    """As Docker: without an ENTRYPOINT of its own the base image's applies, and without a CMD too
+    its CMD: the runscript Apptainer derives from the base's configuration, saved in %post, runs
+    with this CMD or the arguments, told not to evaluate them; an ENTRYPOINT of its own drops the
+    base's CMD."""
+    saved = "\n    cp /.singularity.d/runscript /.singularity.d/c2s-base-runscript "
     plain = convert("FROM nginx:1.27 AS a\nRUN true\nFROM a\n", str(tmp_path), {}, None, "D").definition
-    assert "%runscript" not in plain and "exec /bin/sh" not in plain
+    post, runscript = plain.split("%post")[1].split("%runscript")
+    assert post.startswith(saved) and "exec /bin/sh" not in plain
+    assert runscript.splitlines()[2:4] == [
+        '    if [ "$#" -gt 0 ]; then SINGULARITY_NO_EVAL=1 exec /.singularity.d/c2s-base-runscript "$@"; fi',
+        "    SINGULARITY_NO_EVAL=1 exec /.singularity.d/c2s-base-runscript"]
     cmd_only = convert('FROM nginx:1.27\nCMD ["nginx", "-g", "daemon off;"]\n', str(tmp_path), {}, None, "D").definition
     post, runscript = cmd_only.split("%post")[1].split("%runscript")
-    assert post.startswith("\n    cp /.singularity.d/runscript /.singularity.d/c2s-base-runscript ")
-    assert runscript.splitlines()[2:4] == [
-        '    if [ "$#" -gt 0 ]; then exec /.singularity.d/c2s-base-runscript "$@"; fi',
-        "    exec /.singularity.d/c2s-base-runscript nginx -g 'daemon off;'"]
+    assert post.startswith(saved)
+    assert runscript.splitlines()[3] == \
+        "    SINGULARITY_NO_EVAL=1 exec /.singularity.d/c2s-base-runscript nginx -g 'daemon off;'"
     inherited = convert("FROM alpine AS a\nCMD top\nFROM a\nRUN true\n", str(tmp_path), {}, None, "D").definition
     assert "exec /.singularity.d/c2s-base-runscript /bin/sh -c top" in inherited
     own = convert('FROM nginx:1.27\nENTRYPOINT ["/run.sh"]\n', str(tmp_path), {}, None, "D").definition
@@ -235,7 +239,7 @@ def test_random_dockerfiles_convert_or_fail_with_one_line(tmp_path, words, build
     assert set(sections) <= {"%files", "%post", "%environment", "%labels", "%runscript"} | {
         s for s in sections if s.startswith("%files from ")}
     assert stages == result.definition.count("\nStage: ") + result.definition.startswith("Stage: ")
-    assert sections.count("%runscript") <= 1
+    assert sections.count("%runscript") == 1
 
 
 def test_paths_with_spaces_are_quoted_for_files_and_quotes_refused(tmp_path):

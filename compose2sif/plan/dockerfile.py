@@ -502,21 +502,22 @@ def _needed_stages(stages: List[Stage], final: Stage) -> List[Stage]:
     return [s for s in stages if s in needed]
 
 
-def _runscript(stage: Stage) -> Optional[List[str]]:
+def _runscript(stage: Stage) -> List[str]:
     """The %runscript lines of the final stage, with Docker's semantics: arguments replace CMD.
     Without an ENTRYPOINT of the Dockerfile's own, the base image's applies (and without a CMD too,
-    its CMD): the runscript Apptainer derived from the base image's configuration is kept (None: no
-    %runscript), or run with this CMD as its arguments (BASE_RUNSCRIPT, saved in %post)."""
+    its CMD): the runscript Apptainer derived from the base image's configuration (BASE_RUNSCRIPT,
+    saved in %post) is run, given this CMD or the arguments, with SINGULARITY_NO_EVAL=1 so that
+    it passes them on as they are, never through the shell (on any runtime that writes such a
+    runscript: Apptainer >= 1.1, SingularityCE >= 3.10)."""
     entry, cmd = stage.entrypoint, stage.cmd
     if entry and stage.entrypoint_shell:
         return [f"exec {_quote(stage.shell + [entry[0]])}"]
     if entry:
         default = "" if not cmd else " " + _quote(stage.shell + [cmd[0]] if stage.cmd_shell else cmd)
         return [f'if [ "$#" -gt 0 ]; then exec {_quote(entry)} "$@"; fi', f"exec {_quote(entry)}{default}"]
-    if cmd:
-        run = _quote(stage.shell + [cmd[0]] if stage.cmd_shell else cmd)
-        return [f'if [ "$#" -gt 0 ]; then exec {BASE_RUNSCRIPT} "$@"; fi', f"exec {BASE_RUNSCRIPT} {run}"]
-    return None
+    base = f"SINGULARITY_NO_EVAL=1 exec {BASE_RUNSCRIPT}"
+    default = "" if not cmd else " " + _quote(stage.shell + [cmd[0]] if stage.cmd_shell else cmd)
+    return [f'if [ "$#" -gt 0 ]; then {base} "$@"; fi', f"{base}{default}"]
 
 
 def _render(stages: List[Stage], final: Stage) -> str:
@@ -533,9 +534,9 @@ def _render(stages: List[Stage], final: Stage) -> str:
             out.append("")
         if stage.name.startswith(IMAGE_STAGE):
             continue  # only copied from; the image may have no shell to run a %post
-        runscript = _runscript(stage) if stage is final else None
+        runscript = _runscript(stage) if stage is final else []
         out.append("%post")
-        if runscript and BASE_RUNSCRIPT in runscript[-1]:
+        if BASE_RUNSCRIPT in "".join(runscript):
             # (a base without one: Docker's semantics of no ENTRYPOINT, run the arguments)
             out.append(f"    cp /.singularity.d/runscript {BASE_RUNSCRIPT} 2>/dev/null || "
                        f"printf '#!/bin/sh\\nexec \"$@\"\\n' > {BASE_RUNSCRIPT}; chmod 0755 {BASE_RUNSCRIPT}")
@@ -552,11 +553,10 @@ def _render(stages: List[Stage], final: Stage) -> str:
                 out.append("%labels")
                 out += [f"    {k} {v}" for k, v in stage.labels.items()]
                 out.append("")
-            if runscript:
-                out.append("%runscript")
-                out.append(f"    cd {sh_quote(stage.workdir)} 2>/dev/null || true")
-                out += [_body_line(line) for line in runscript]
-                out.append("")
+            out.append("%runscript")
+            out.append(f"    cd {sh_quote(stage.workdir)} 2>/dev/null || true")
+            out += [_body_line(line) for line in runscript]
+            out.append("")
     return "\n".join(out)
 
 
