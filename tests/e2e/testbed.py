@@ -77,15 +77,17 @@ def registry(info: Dict[str, str]):
 class Node:
     """Runs commands as `hpc` on the test bed's node (the repository is at /work there)."""
 
-    def __init__(self, root: Path, registry_port: str, uid: str):
+    def __init__(self, root: Path, registry_port: str, uid: str, mode: str = "rootless"):
         self.root = root
+        self.mode = mode  # rootless | setuid (SETUID_NODE of provision.sh; hpc has no user namespaces there)
         self.uid = uid  # hpc's uid, on the node and (shared process table) on the host
         self.home = root / "home" / "hpc"
         self.scratch = root / "scratch" / "hpc"
         self.registry = f"127.0.0.1:{registry_port}"
 
     def run(self, command: str, timeout: float = 600, hide_python: bool = False, check: bool = False):
-        env = dict(os.environ, C2S_HIDE_PYTHON="1" if hide_python else "0")
+        env = dict(os.environ, C2S_HIDE_PYTHON="1" if hide_python else "0",
+                   C2S_BLOCK_USERNS="1" if self.mode == "setuid" else "0")
         script = f"export APPTAINER_NOHTTPS=1 PYTHONPATH=/work PYTHONDONTWRITEBYTECODE=1; {command}"
         proc = subprocess.run([str(HERE / "enter.sh"), str(self.root), str(REPO), "bash", "-c", script],
                               capture_output=True, text=True, timeout=timeout, env=env)
