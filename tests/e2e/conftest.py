@@ -22,7 +22,8 @@ def _unavailable(reason: str):
 
 
 @pytest.fixture(scope="session")
-def node(request):
+def testbed(request):
+    """The test bed's description (provision.sh's output), taken for this run, its registry serving."""
     if os.geteuid() != 0:
         _unavailable("run as root (it debootstraps a node and enters it with pivot_root)")
     capture = request.config.pluginmanager.getplugin("capturemanager")
@@ -35,13 +36,28 @@ def node(request):
         try:
             info = provision()
             with registry(info):
-                the_node = Node(Path(info["NODE"]), info["REGISTRY_PORT"], info["HPC_UID"])
-                # a scratch file system outside the home directory, as HPC sites have: run.sh keeps
-                # SIFs and build caches there (/scratch/$USER)
-                the_node.scratch.mkdir(parents=True, exist_ok=True)
-                os.chown(the_node.scratch, int(the_node.uid), int(the_node.uid))
-                the_node.kill_all()
-                yield the_node
-                the_node.kill_all()
+                yield info
         except RuntimeError as exc:
             _unavailable(str(exc))
+
+
+@pytest.fixture(scope="session")
+def node(testbed):
+    """The rootless node: Apptainer with user namespaces, as user `hpc`."""
+    the_node = Node(Path(testbed["NODE"]), testbed["REGISTRY_PORT"], testbed["HPC_UID"])
+    # a scratch file system outside the home directory, as HPC sites have: run.sh keeps
+    # SIFs and build caches there (/scratch/$USER)
+    the_node.scratch.mkdir(parents=True, exist_ok=True)
+    os.chown(the_node.scratch, int(the_node.uid), int(the_node.uid))
+    the_node.kill_all()
+    yield the_node
+    the_node.kill_all()
+
+
+@pytest.fixture(scope="session")
+def setuid_node(testbed):
+    """The setuid node: Apptainer installed setuid, user namespaces blocked (provision.sh)."""
+    the_node = Node(Path(testbed["SETUID_NODE"]), testbed["REGISTRY_PORT"], testbed["HPC_UID"], mode="setuid")
+    the_node.kill_all()
+    yield the_node
+    the_node.kill_all()

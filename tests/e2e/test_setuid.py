@@ -3,27 +3,12 @@ cannot make user namespaces (the seed's kind of cluster; see provision.sh and en
 user can and cannot do there by hand, and what doctor says of it; doctor on the rootless node too."""
 import os
 import re
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from testbed import Node, provision, registry
 
 pytestmark = pytest.mark.e2e
 STARTSCRIPT = "#!/bin/sh\n# the start script, bound in at instance start\necho started >/tmp/c2s-setuid-started\nexec sleep 300\n"
-
-
-@pytest.fixture(scope="module")
-def setuid_node():
-    if os.geteuid() != 0:
-        pytest.skip("end-to-end tests need the Apptainer test bed: run as root")
-    info = provision()
-    with registry(info):
-        node = Node(Path(info["SETUID_NODE"]), info["REGISTRY_PORT"], info["HPC_UID"], mode="setuid")
-        node.kill_all()
-        yield node
-        node.kill_all()
 
 
 def test_the_runtime_is_setuid_and_user_namespaces_are_off(setuid_node):
