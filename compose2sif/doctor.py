@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from compose2sif import runtime
@@ -23,46 +24,148 @@ def _version_tuple(version: str) -> Tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", version)[:3])
 
 
+@dataclass
+class RuntimeMode:
+    """How the runtime runs containers for this user, as it says itself (`buildcfg` and its config
+    file), never guessed from where its binary lies (Debian puts libexec under /usr/lib/TRIPLET)."""
+    mode: str                 # setuid | unprivileged | root
+    flavour: str              # apptainer | singularity (SingularityCE, Singularity 3.x)
+    why: str                  # what decided it, for the report
+    config_path: str          # apptainer.conf / singularity.conf
+    config: Dict[str, str]    # its settings, keys lower case (the last of a repeated key wins)
+
+
+def read_config(path: str) -> Dict[str, str]:
+    """`key = value` lines of apptainer.conf / singularity.conf, keys lower case."""
+    settings: Dict[str, str] = {}
+    for line in _read_lines(path):
+        key, sep, value = line.partition("=")
+        if sep and not line.lstrip().startswith("#"):
+            settings[" ".join(key.lower().split())] = value.strip()
+    return settings
+
+
+def runtime_mode(binary: str, uid: Optional[int] = None) -> RuntimeMode:
+    """Apptainer >= 1.0 prints APPTAINER_SUID_INSTALL, LIBEXECDIR and SYSCONFDIR in `buildcfg`;
+    SingularityCE and Singularity 3.x print SINGULARITY_SUID_INSTALL (`singularity` may also be
+    Apptainer's compatibility link: the keys, not the name, say which). The install is setuid when
+    it was built so, its starter-suid is root-owned and setuid, and `allow setuid` is not `no`."""
+    try:
+        out = subprocess.run([binary, "buildcfg"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    cfg = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    flavour = "apptainer" if "APPTAINER_SUID_INSTALL" in cfg else "singularity"
+    config_path = os.path.join(cfg.get("SYSCONFDIR", "/etc"), flavour, f"{flavour}.conf")
+    config = read_config(config_path)
+    suid_key = f"{flavour.upper()}_SUID_INSTALL"
+    starter = os.path.join(cfg.get("LIBEXECDIR", "/usr/libexec"), flavour, "bin", "starter-suid")
+    if (os.getuid() if uid is None else uid) == 0:
+        return RuntimeMode("root", flavour, "you are root", config_path, config)
+    if cfg.get(suid_key) != "1":
+        why = f"`{binary} buildcfg` says {suid_key}={cfg.get(suid_key, '?')}"
+        return RuntimeMode("unprivileged", flavour, why, config_path, config)
+    try:
+        info = os.stat(starter)
+        starter_ok = info.st_uid == 0 and bool(info.st_mode & 0o4000)
+    except OSError:
+        starter_ok = False
+    if not starter_ok:
+        return RuntimeMode("unprivileged", flavour, f"{starter} is not root-owned setuid", config_path, config)
+    if config.get("allow setuid", "yes").lower() == "no":
+        return RuntimeMode("unprivileged", flavour, f"`allow setuid = no` in {config_path}", config_path, config)
+    return RuntimeMode("setuid", flavour, f"{suid_key}=1, {starter} setuid root, allow setuid = "
+                                 f"{config.get('allow setuid', 'yes')} in {config_path}", config_path, config)
+
+
+def user_namespaces() -> Tuple[bool, str]:
+    """Whether this user can make a user namespace: tried (`unshare --user`), as sysctls, seccomp
+    filters and distribution switches all decide it; else user.max_user_namespaces."""
+    if shutil.which("unshare"):
+        try:
+            proc = subprocess.run(["unshare", "--user", "true"], capture_output=True, text=True, timeout=30)
+            if proc.returncode == 0:
+                return True, "`unshare --user` works"
+            return False, f"`unshare --user` fails: {(proc.stderr.strip() or '?').splitlines()[-1]}"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        with open("/proc/sys/user/max_user_namespaces", encoding="ascii") as fh:
+            allowed = int(fh.read().strip() or 0)
+    except (OSError, ValueError):
+        return True, "user.max_user_namespaces unreadable"
+    return allowed > 0, f"user.max_user_namespaces={allowed}"
+
+
+def sessiondir_line(mode: RuntimeMode) -> Line:
+    # when the key is absent, the built-in default: 64 MiB in Apptainer, 16 MiB in Singularity 3.x
+    size = mode.config.get("sessiondir max size", "64" if mode.flavour == "apptainer" else "16")
+    raise_it = ("only the admins can raise it (the config must be root-owned)" if mode.mode == "setuid" else
+                "a service that writes more gets a directory overlay on disk, or `--config` with a larger value")
+    return ("ok", f"session directory: --writable-tmpfs is held in memory, at most {size} MiB (sessiondir max "
+                  f"size in {mode.config_path}); {raise_it}")
+
+
 def runtime_lines() -> List[Line]:
     found = runtime.detect()
     if found is None:
         return [("fail", "no apptainer or singularity on PATH (fix: module load apptainer, or install Apptainer >= 1.1)")]
     name, version = found
     lines: List[Line] = [("ok", f"runtime: {name} {version} ({shutil.which(name)})")]
-    flavour = "apptainer" if "apptainer" in os.path.basename(name) else "singularity"
-    real = os.path.realpath(shutil.which(name) or name)
-    starter = os.path.join(os.path.dirname(real), "..", "libexec", flavour, "bin", "starter-suid")
-    if os.path.exists(starter) and os.stat(starter).st_mode & 0o4000:
-        lines.append(("ok", "mode: setuid install (directory overlays are refused to users: the root stays "
-                            "writable through --writable-tmpfs, in memory)"))
-    else:
-        try:
-            with open("/proc/sys/user/max_user_namespaces", encoding="ascii") as fh:
-                allowed = int(fh.read().strip() or 0)
-        except (OSError, ValueError):
-            allowed = -1
-        if allowed == 0:
-            lines.append(("fail", "mode: unprivileged, but user namespaces are off (user.max_user_namespaces=0; "
-                                  "fix: ask the admins to enable them or install Apptainer setuid)"))
-        else:
-            lines.append(("ok", "mode: unprivileged (user namespaces)"))
+    mode = runtime_mode(name)
+    userns, userns_why = user_namespaces()
     user = _user()
-    if any(line.split(":")[0] == user for line in _read_lines("/etc/subuid")):
-        lines.append(("ok", f"fakeroot: {user} has a subordinate uid range in /etc/subuid"))
+    subuid = any(line.split(":")[0] == user for line in _read_lines("/etc/subuid"))
+    if mode.mode == "unprivileged" and not userns:
+        lines.append(("fail", f"mode: unprivileged ({mode.why}), but user namespaces are off ({userns_why}; fix: "
+                              "ask the admins to enable them or to install Apptainer setuid)"))
     else:
-        lines.append(("warn", f"fakeroot: {user} has no range in /etc/subuid; builds with RUN steps use the "
-                              "root-mapped-user fakeroot, where some package installs fail (fix: ask the admins "
-                              f"for a subuid/subgid range, or build elsewhere and copy the SIF)"))
-    for tool, why in (("squashfuse", "SIFs are mounted without the setuid helper"),
-                      ("fuse-overlayfs", "a writable root on disk (else --writable-tmpfs, in memory)")):
+        lines.append(("ok", f"mode: {mode.mode} ({mode.why})"))
+    # a definition file: Apptainer >= 1.1 builds it with fakeroot for a non-root user, which needs
+    # a user namespace (a subuid range, or the root-mapped one); images from a registry need none
+    if mode.mode == "root":
+        lines.append(("ok", "definition files (Dockerfile builds, curated definitions) build here: you are root"))
+    elif not userns:
+        lines.append(("warn", f"definition files (Dockerfile builds, curated definitions) cannot be built here: "
+                              f"fakeroot needs a user namespace ({userns_why}); registry images build from "
+                              "docker:// (fix: build those SIFs on a machine with user namespaces or root and copy "
+                              "them to the path `up` names, or use --remote where the site has a build service)"))
+    elif subuid:
+        lines.append(("ok", f"definition files build here with fakeroot ({user} has a range in /etc/subuid)"))
+    else:
+        lines.append(("warn", f"definition files build here with the root-mapped fakeroot ({user} has no range in "
+                              "/etc/subuid), where some package installs fail (fix: ask the admins for a "
+                              "subuid/subgid range, or build elsewhere and copy the SIF)"))
+    lines.append(sessiondir_line(mode))
+    if mode.mode == "setuid":
+        # the starter mounts SIFs and overlays with the kernel; squashfuse only where the admins
+        # keep the kernel's squashfs mount from users (Apptainer >= 1.2: allow setuid-mount squashfs)
+        squashfs = mode.config.get("allow setuid-mount squashfs", "")
+        limited = any(mode.config.get(k, "NULL").upper() != "NULL" for k in
+                      ("limit container owners", "limit container groups", "limit container paths"))
+        fuse_tools = ([("squashfuse", "SIFs are mounted with squashfuse (allow setuid-mount squashfs = "
+                                      f"{squashfs})")]
+                      if squashfs == "no" or (squashfs == "iflimited" and not limited) else [])
+        if mode.config.get("enable overlay", "yes").lower() == "no":
+            lines.append(("warn", f"`enable overlay = no` in {mode.config_path}: no writable root (--writable-tmpfs); "
+                                  "images that write outside their volumes fail (fix: ask the admins for "
+                                  "`enable overlay = try`)"))
+    elif mode.mode == "root":
+        fuse_tools = []  # root mounts with the kernel
+    else:
+        fuse_tools = [("squashfuse", "SIFs are mounted without the setuid helper (else each start extracts the "
+                                     "image to a temporary directory)"),
+                      ("fuse-overlayfs", "a writable root on disk (else --writable-tmpfs, in memory)")]
+    for tool, why in fuse_tools:
         if shutil.which(tool):
             lines.append(("ok", f"{tool}: {shutil.which(tool)}"))
         else:
             lines.append(("warn", f"{tool} not found: needed for {why} (fix: module load or install {tool})"))
-    if os.access("/dev/fuse", os.R_OK | os.W_OK):
-        lines.append(("ok", "/dev/fuse is usable"))
-    else:
-        lines.append(("warn", "/dev/fuse is missing or not usable: FUSE mounts (squashfuse, fuse-overlayfs) fail"))
+    if fuse_tools:
+        if os.access("/dev/fuse", os.R_OK | os.W_OK):
+            lines.append(("ok", "/dev/fuse is usable"))
+        else:
+            lines.append(("warn", "/dev/fuse is missing or not usable: FUSE mounts (squashfuse, fuse-overlayfs) fail"))
     listing = subprocess.run([name, "instance", "list", "--json"], capture_output=True, text=True, timeout=60)
     if listing.returncode == 0:
         lines.append(("ok", f"instances: `{name} instance list` works"))

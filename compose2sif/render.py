@@ -33,12 +33,29 @@ def _templates_dir() -> str:
     """run/ beside the package in a checkout (also a second worktree of an editable install, whose
     compose2sif.runner would point at the first); the package compose2sif.runner once installed."""
     checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "run")
-    if os.path.isfile(os.path.join(checkout, "engine.sh")):
+    if os.path.isfile(os.path.join(checkout, "main.sh")):
         return checkout
     from compose2sif import runner
     return os.path.dirname(os.path.abspath(runner.__file__))
 
 
+def engine_files() -> List[str]:
+    """The files of run/ that make the engine, in the order run.sh holds them: run/lib/*.sh, then
+    run/cmd/*.sh, each in name order, then run/main.sh (last: it runs the command line). Paths
+    relative to run/ (run/README.md has the map)."""
+    base = _templates_dir()
+    parts = [f"{folder}/{name}" for folder in ("lib", "cmd")
+             for name in sorted(os.listdir(os.path.join(base, folder))) if name.endswith(".sh")]
+    return parts + ["main.sh"]
+
+
+def engine() -> str:
+    """The engine of every run.sh: the files of engine_files() joined, a blank line between two."""
+    base, texts = _templates_dir(), []
+    for rel in engine_files():
+        with open(os.path.join(base, rel), encoding="utf-8") as fh:
+            texts.append(fh.read())
+    return "\n".join(texts)
 _ULIMIT_FLAGS = {"core": "c", "data": "d", "fsize": "f", "locks": "x", "memlock": "l", "msgqueue": "q",
                  "nice": "e", "nofile": "n", "nproc": "u", "rss": "m", "rtprio": "r", "sigpending": "i",
                  "stack": "s", "cpu": "t", "as": "v"}
@@ -216,7 +233,7 @@ def _service_function(s: ServicePlan, fn: str) -> List[str]:
 
 
 def render_runner(plan: Plan) -> str:
-    """run.sh: the project as bash data (quoted by construction), then run/engine.sh."""
+    """run.sh: the project as bash data (quoted by construction), then the engine (run/, joined)."""
     # a function per service, named by its position: `a-b` and `a_b` must not share one
     functions = [f"{i}_{re.sub(r'[^A-Za-z0-9_]', '_', s.name)}" for i, s in enumerate(plan.services)]
     entry_points = [f"{e['service']} {e['scheme']} {e['address']} {e['port']} {e['path']}" for e in plan.entry_points]
@@ -241,9 +258,8 @@ def render_runner(plan: Plan) -> str:
     out += ["", "load_service() {", '    case "$1" in']
     out += [f"        {_q(s.name)}) svc_{fn} ;;" for s, fn in zip(plan.services, functions)]
     out += ['        *) die "no such service: $1 (services: ${SERVICES[*]})" ;;', "    esac", "}", "",
-            "# ---- the engine (the same for every project: run/engine.sh) ---------------------------------", ""]
-    with open(os.path.join(_templates_dir(), "engine.sh"), encoding="utf-8") as fh:
-        return "\n".join(out) + fh.read()
+            "# ---- the engine (the same for every project: run/lib, run/cmd, run/main.sh) ----------------", ""]
+    return "\n".join(out) + engine()
 
 
 def hosts_names(plan: Plan) -> str:

@@ -13,12 +13,21 @@ import pytest
 from compose2sif import render
 from compose2sif.load import ProjectOptions, load_project
 from compose2sif.plan import PlanOptions, build_plan
+from helpers import assert_valid_bash
 
 HERE = Path(__file__).resolve().parent
 CASES = {"e2e-stack": HERE / "e2e" / "stack", "llm-chat": HERE.parent / "stacks" / "llm-chat"}
 GOLDEN = HERE / "golden"
 REPO = HERE.parent
-ENGINE_MARKER = "# ---- the engine (the same for every project: run/engine.sh)"
+ENGINE_MARKER = "# ---- the engine (the same for every project: run/lib, run/cmd, run/main.sh)"
+
+
+def joined_engine() -> str:
+    """run/lib/*.sh, run/cmd/*.sh (each in name order), then run/main.sh, a blank line between two:
+    the order run/README.md gives, read here independently of render.engine_files."""
+    run = REPO / "run"
+    files = [*sorted((run / "lib").glob("*.sh")), *sorted((run / "cmd").glob("*.sh")), run / "main.sh"]
+    return "\n".join(f.read_text() for f in files)
 
 
 def convert(source: Path, tmp_path: Path) -> Path:
@@ -37,9 +46,9 @@ def normalised(out: Path, tmp_path: Path):
         rel = path.relative_to(out).as_posix()
         if path.is_file():
             text = path.read_text().replace(str(tmp_path / "project"), "<PROJECT>")
-            if rel == "run.sh":  # the engine part is run/engine.sh verbatim; compare the generated part
+            if rel == "run.sh":  # the engine part is run/'s files joined verbatim; compare the generated part
                 end = text.index("\n", text.index(ENGINE_MARKER)) + 1
-                assert text[end:] == (REPO / "run" / "engine.sh").read_text()
+                assert text[end:] == joined_engine()
                 text = text[:end]
             # a definition's digest covers the absolute paths in it, which differ from run to run
             files[rel] = re.sub(r'"digest": "[0-9a-f]{64}"', '"digest": "<sha256>"', text)
@@ -68,17 +77,6 @@ def test_output_is_private(tmp_path):
         assert env_file.stat().st_mode & 0o777 == 0o600
     assert "change-me-too" not in (out / "run.sh").read_text()  # secrets stay in the env files
     assert "change-me-too" not in (out / "plan.json").read_text()
-
-
-def assert_valid_bash(script: Path) -> None:
-    """`bash -n` and shellcheck (a missing shellcheck skips outside CI, fails in it)."""
-    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
-    if shutil.which("shellcheck") is None:
-        if os.environ.get("CI"):
-            pytest.fail("shellcheck is not installed (.ci/run installs it)")
-        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
-    proc = subprocess.run(["shellcheck", "-s", "bash", str(script)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -50,8 +50,7 @@ from urllib.parse import quote_plus, unquote, urlparse
 
 import pytest
 
-from test_convert_golden import assert_valid_bash
-from test_realworld_network import check_plan
+from helpers import assert_valid_bash, check_plan
 
 TESTS = Path(__file__).resolve().parent
 DIFY = TESTS.parent.parent / "shared" / "reference" / "dify-1.17.1"

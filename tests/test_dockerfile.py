@@ -65,7 +65,7 @@ def test_shell_forms_and_target(tmp_path):
     text = convert("FROM alpine AS a\nCMD echo $HOME\nFROM alpine AS b\nENTRYPOINT exec top -b\n",
                    str(tmp_path), {}, "a", "Dockerfile").definition
     assert "Stage: b" not in text
-    assert "exec /bin/sh -c 'echo $HOME'" in text
+    assert "exec /.singularity.d/c2s-base-runscript /bin/sh -c 'echo $HOME'" in text
     text = convert("FROM alpine\nENTRYPOINT exec top -b\nCMD ignored\n", str(tmp_path), {}, None, "D").definition
     assert "exec /bin/sh -c 'exec top -b'" in text and "ignored" not in text.split("%runscript")[1]
 
@@ -176,13 +176,36 @@ def test_nested_arg_defaults_are_expanded(tmp_path):
     assert "From: alpine\n" in text and "export TAG='${X}'" in text
 
 
+def test_the_base_images_entrypoint_and_cmd_apply_without_the_dockerfiles_own(tmp_path):
+    """As Docker: without an ENTRYPOINT of its own the base image's applies, and without a CMD too
+    its CMD: the runscript Apptainer derives from the base's configuration, saved in %post, runs
+    with this CMD or the arguments, told not to evaluate them; an ENTRYPOINT of its own drops the
+    base's CMD."""
+    saved = "\n    cp /.singularity.d/runscript /.singularity.d/c2s-base-runscript "
+    plain = convert("FROM nginx:1.27 AS a\nRUN true\nFROM a\n", str(tmp_path), {}, None, "D").definition
+    post, runscript = plain.split("%post")[1].split("%runscript")
+    assert post.startswith(saved) and "exec /bin/sh" not in plain
+    assert runscript.splitlines()[2:4] == [
+        '    if [ "$#" -gt 0 ]; then SINGULARITY_NO_EVAL=1 exec /.singularity.d/c2s-base-runscript "$@"; fi',
+        "    SINGULARITY_NO_EVAL=1 exec /.singularity.d/c2s-base-runscript"]
+    cmd_only = convert('FROM nginx:1.27\nCMD ["nginx", "-g", "daemon off;"]\n', str(tmp_path), {}, None, "D").definition
+    post, runscript = cmd_only.split("%post")[1].split("%runscript")
+    assert post.startswith(saved)
+    assert runscript.splitlines()[3] == \
+        "    SINGULARITY_NO_EVAL=1 exec /.singularity.d/c2s-base-runscript nginx -g 'daemon off;'"
+    inherited = convert("FROM alpine AS a\nCMD top\nFROM a\nRUN true\n", str(tmp_path), {}, None, "D").definition
+    assert "exec /.singularity.d/c2s-base-runscript /bin/sh -c top" in inherited
+    own = convert('FROM nginx:1.27\nENTRYPOINT ["/run.sh"]\n', str(tmp_path), {}, None, "D").definition
+    assert "c2s-base-runscript" not in own and own.rstrip().endswith("exec /run.sh")
+
+
 def test_shell_heredoc_and_copy_heredoc(tmp_path):
     dockerfile = ('FROM debian\nSHELL ["/bin/bash", "-o", "pipefail", "-c"]\nRUN echo $((1+1)) | cat\n'
                   "RUN <<EOF\nset -e\n%not-a-section\nEOF\nCOPY <<EOT /etc/app.conf\nkey=1\nEOT\nCMD echo hi\n")
     text = convert(dockerfile, str(tmp_path), {}, None, "D").definition
     assert "/bin/bash -o pipefail -c 'echo $((1+1)) | cat'" in text
     assert apptainer_sections(text)[0] == ["%post", "%runscript"]
-    assert "exec /bin/bash -o pipefail -c 'echo hi'" in text
+    assert "c2s-base-runscript /bin/bash -o pipefail -c 'echo hi'" in text
     assert "printf %s key=1\"\n\"'' > /etc/app.conf" in text
 
 

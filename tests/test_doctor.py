@@ -71,3 +71,60 @@ def test_a_listener_inside_an_instance_is_found_by_its_ancestry():
     finally:
         child.kill()
         child.wait()
+
+
+BUILDCFG = """#!/bin/sh
+# STAND-IN for `apptainer buildcfg` / `singularity buildcfg`: prints the keys doctor reads
+[ "$1" = buildcfg ] && printf '%s\\n' {lines}
+"""
+
+
+def _runtime_standin(tmp_path, prefix: str, suid: str, allow: str):
+    """A stand-in runtime whose buildcfg points at a libexec and a config under tmp_path, with a
+    starter-suid root-owned and setuid (these tests run as root, as the e2e ones do)."""
+    flavour = prefix.lower()
+    starter = tmp_path / "lib" / flavour / "bin" / "starter-suid"
+    starter.parent.mkdir(parents=True)
+    starter.write_text("")
+    os.chown(starter, 0, 0)
+    starter.chmod(0o4755)
+    conf = tmp_path / "etc" / flavour / f"{flavour}.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(f"# allow setuid = no\nallow setuid = {allow}\nsessiondir max size = 32\n")
+    lines = " ".join(f"'{line}'" for line in (f"{prefix}_SUID_INSTALL={suid}", f"LIBEXECDIR={tmp_path}/lib",
+                                               f"SYSCONFDIR={tmp_path}/etc"))
+    binary = tmp_path / "standin-runtime"
+    binary.write_text(BUILDCFG.format(lines=lines))
+    binary.chmod(0o755)
+    return str(binary), starter, conf
+
+
+def test_the_mode_comes_from_buildcfg_the_starter_and_the_config(tmp_path):
+    from compose2sif.doctor import runtime_mode
+    if os.geteuid() != 0:
+        import pytest
+        pytest.skip("makes a root-owned setuid file: run as root")
+    binary, starter, conf = _runtime_standin(tmp_path, "APPTAINER", "1", "yes")
+    mode = runtime_mode(binary, uid=1000)
+    assert (mode.mode, mode.flavour, mode.config_path) == ("setuid", "apptainer", str(conf))
+    assert mode.config["sessiondir max size"] == "32" and str(starter) in mode.why
+    assert runtime_mode(binary, uid=0).mode == "root"
+    conf.write_text("allow setuid = no\n")
+    assert runtime_mode(binary, uid=1000).mode == "unprivileged"
+    assert "allow setuid = no" in runtime_mode(binary, uid=1000).why
+    conf.write_text("allow setuid = yes\n")
+    starter.chmod(0o755)
+    assert runtime_mode(binary, uid=1000).mode == "unprivileged"
+
+
+def test_singularity_spellings_and_a_non_suid_build(tmp_path):
+    from compose2sif.doctor import runtime_mode
+    if os.geteuid() != 0:
+        import pytest
+        pytest.skip("makes a root-owned setuid file: run as root")
+    binary, _, conf = _runtime_standin(tmp_path, "SINGULARITY", "1", "yes")
+    mode = runtime_mode(binary, uid=1000)
+    assert (mode.mode, mode.flavour, mode.config_path) == ("setuid", "singularity", str(conf))
+    binary, _, _ = _runtime_standin(tmp_path / "b", "APPTAINER", "0", "yes")
+    mode = runtime_mode(binary, uid=1000)
+    assert mode.mode == "unprivileged" and "APPTAINER_SUID_INSTALL=0" in mode.why

@@ -1,9 +1,11 @@
 """Hostile values, as a repository cloned from a stranger would carry them (issue 11). No compose or
 .env value may run a command on the host, add a section to a definition, or touch a file outside
-the output directory. Each project goes through `convert` and then every run.sh verb (build, up,
-ps, logs, exec, restart, down) under a RECORDING STAND-IN for apptainer
-(tests/standins/recording-standin-apptainer: it logs its argv and does nothing else), on a runtime
-with --no-eval and on one without. The real Apptainer runs a few of them in tests/e2e/test_hostile_e2e.py.
+the output directory. Each project goes through `convert` once and then every run.sh verb (build,
+up, ps, logs, exec, restart, down) under a RECORDING STAND-IN for apptainer
+(tests/standins/recording-standin-apptainer, in its running mode: it logs its argv and plays
+instances that run until `down`), on a runtime with --no-eval; the verbs that hand values to the
+runtime run again on one without. The real Apptainer runs a few of them in
+tests/e2e/test_hostile_e2e.py.
 """
 import hashlib
 import json
@@ -17,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-STANDIN = REPO / "tests" / "standins" / "recording-standin-apptainer"
+from helpers import REPO, STANDIN
+
 SECTIONS = {"%setup", "%files", "%environment", "%post", "%runscript", "%startscript", "%test", "%labels", "%help",
             "%arguments"}
 
@@ -176,6 +178,19 @@ def _calls(record: Path):
     return [chunk.split(b"\0")[:-1] for chunk in record.read_bytes().split(b"\036")[:-1]]
 
 
+def _live_instances(instances: Path):
+    """The stand-in instances whose init still runs (a zombie has ended)."""
+    live = []
+    for record in instances.iterdir():
+        try:
+            stat_line = Path(f"/proc/{record.read_text().strip()}/stat").read_text()
+        except (FileNotFoundError, ValueError):
+            continue
+        if stat_line.rsplit(")", 1)[1].split()[0] != "Z":
+            live.append(record.name)
+    return live
+
+
 def _one_error_line(proc):
     lines = proc.stderr.strip().splitlines()
     errors = [line for line in lines if not line.startswith("WARN ")]
@@ -190,8 +205,18 @@ def check_definitions(out: Path):
         assert set(headers) <= SECTIONS and len(headers) == len(set(headers)), (definition, headers)
 
 
-def run_hostile(tmp_path, text, dotenv, filename, eval_runtime=False):
-    """convert, then every verb under the recording stand-in. Returns (convert, out dir, calls)."""
+# The verbs each case runs on a runtime with --no-eval, then the ones that hand values to the
+# runtime (where a runtime without --no-eval takes the escaped env files) on one without.
+def _verbs(names, eval_runtime):
+    if eval_runtime:
+        return [["up", "-d"], *[["exec", n, "true"] for n in names], ["restart", names[0]], ["down"]]
+    return [["build"], ["up", "-d"], ["ps"], ["ps", "--format", "json"], *[["logs", n] for n in names],
+            *[["exec", n, "true"] for n in names], ["restart", names[0]], ["down"], ["down", "-v"]]
+
+
+def run_hostile(tmp_path, text, dotenv, filename):
+    """convert, then the verbs under the recording stand-in, on a runtime with --no-eval and on one
+    without. Returns (convert, out dir, calls)."""
     root = tmp_path / "root"  # everything the test watches lives here
     project, home, victim = root / "proj" / "a" / "b", root / "home", root / "victim"
     for d in (project / "data", home, victim):
@@ -203,10 +228,12 @@ def run_hostile(tmp_path, text, dotenv, filename, eval_runtime=False):
     (project / ".env").write_text(fill(dotenv))
     (project / "Dockerfile").write_text(fill(DOCKERFILE))
     out = root / "out"
-    record = tmp_path / "record"
+    record, instances = tmp_path / "record", tmp_path / "instances"
+    instances.mkdir()
+    # the stand-in in its running mode: what `up` starts runs until `down`, so no verb waits out a timeout
     env = {"PATH": f"{STANDIN.parent}:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8",
            "PYTHONPATH": str(REPO), "C2S_RUNTIME": str(STANDIN), "C2S_RECORD": str(record),
-           "C2S_SIF_CACHE": str(tmp_path / "sif-cache"), "C2S_STANDIN_EVAL": "1" if eval_runtime else "0"}
+           "C2S_STANDIN_INSTANCES": str(instances), "C2S_SIF_CACHE": str(tmp_path / "sif-cache")}
     before = _tree(root, out)
     convert = subprocess.run([sys.executable, "-m", "compose2sif", "-f", filename, "convert", "--offline", "-o",
                               str(out)], cwd=project, env=env, capture_output=True, text=True, timeout=120)
@@ -220,17 +247,18 @@ def run_hostile(tmp_path, text, dotenv, filename, eval_runtime=False):
         plan = json.loads((out / "plan.json").read_text())
         for key in plan["images"]:  # so that `up` reaches `instance start`
             (out / "sif" / f"{key}.sif").write_text("stand-in image\n")
-        run = lambda *args: subprocess.run([str(out / "run.sh"), *args], cwd=project, env=env,  # noqa: E731
-                                           capture_output=True, text=True, timeout=120)
         names = [s["name"] for s in plan["services"]]
         bind_sources = {os.path.normpath(os.path.join(out, b["source"])) for s in plan["services"]
                         for b in s["binds"] if b["kind"] == "bind" and b["create"]}
-        for args in (["build"], ["up", "-d"], ["ps"], ["ps", "--format", "json"], *[["logs", n] for n in names],
-                     *[["exec", n, "true"] for n in names], ["restart", names[0]], ["down"], ["down", "-v"]):
-            proc = run(*args)
-            assert "syntax error" not in proc.stderr and "command not found" not in proc.stderr, (args, proc.stderr)
-            if args == ["ps", "--format", "json"]:
-                assert [r["service"] for r in json.loads(proc.stdout)] == names
+        for eval_runtime in (False, True):
+            for args in _verbs(names, eval_runtime):
+                proc = subprocess.run([str(out / "run.sh"), *args], cwd=project, capture_output=True, text=True,
+                                      env={**env, "C2S_STANDIN_EVAL": "1" if eval_runtime else "0"}, timeout=120)
+                assert "syntax error" not in proc.stderr and "command not found" not in proc.stderr, \
+                    (args, eval_runtime, proc.stderr)
+                if args == ["ps", "--format", "json"]:
+                    assert [r["service"] for r in json.loads(proc.stdout)] == names
+            assert not _live_instances(instances), "`down` left instances running"
     assert not sentinel.exists(), "a value ran a command on the host"
     after = _tree(root, out)
     changed = {p for p in set(before) | set(after) if before.get(p) != after.get(p)}
@@ -250,20 +278,34 @@ REFUSED = {"restart-arithmetic":
            "bind-path-separators": "apptainer's --bind reads as a separator", "secret-file": "is not a file"}
 
 
-@pytest.mark.parametrize("eval_runtime", [False, True], ids=["no-eval", "eval"])
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_hostile_value_stays_data(tmp_path, case, eval_runtime):
-    name, text, dotenv, filename = case
-    convert, _, _ = run_hostile(tmp_path, text, dotenv, filename, eval_runtime)
+CASE_BY_NAME = {case[0]: case for case in CASES}
+
+
+@pytest.fixture(scope="module")
+def hostile_run(tmp_path_factory):
+    """run_hostile of a case, done once: the tests that look at the same case share it."""
+    done = {}
+
+    def run(name):
+        if name not in done:
+            _, text, dotenv, filename = CASE_BY_NAME[name]
+            done[name] = run_hostile(tmp_path_factory.mktemp(name), text, dotenv, filename)
+        return done[name]
+    return run
+
+
+@pytest.mark.parametrize("name", CASE_BY_NAME)
+def test_hostile_value_stays_data(hostile_run, name):
+    convert, _, _ = hostile_run(name)
     if name in REFUSED:
         assert convert.returncode == 1 and REFUSED[name] in convert.stderr, convert.stderr
     else:
         assert convert.returncode == 0, convert.stderr
 
 
-def test_the_standin_saw_every_verb(tmp_path):
+def test_the_standin_saw_every_verb(hostile_run):
     """The stand-in is on the path run.sh takes: the checks above are not vacuous."""
-    convert, out, calls = run_hostile(tmp_path, _values_project(PAYLOADS[0]), "", "compose.yaml")
+    convert, out, calls = hostile_run("values-0")
     assert convert.returncode == 0, convert.stderr
     verbs = {tuple(c[:2]) for c in calls}
     for verb in ((b"build", b"--force"), (b"instance", b"start"), (b"instance", b"list")):
@@ -276,9 +318,8 @@ def test_the_standin_saw_every_verb(tmp_path):
             assert b"touch" not in arg or (flag == b"--bind" and arg.split(b":", 1)[1].startswith(b"/data")), call
 
 
-def test_name_collisions_get_distinct_functions_files_and_instances(tmp_path):
-    convert, out, _ = run_hostile(tmp_path, CASES[[c[0] for c in CASES].index("name-collision")][1], "",
-                                  "compose.yaml")
+def test_name_collisions_get_distinct_functions_files_and_instances(hostile_run):
+    convert, out, _ = hostile_run("name-collision")
     assert convert.returncode == 0, convert.stderr
     plan = json.loads((out / "plan.json").read_text())
     for key in ("instance", "env_file"):
@@ -356,14 +397,14 @@ def test_run_sh_deletes_nothing_through_a_planted_state_link(simple, tmp_path):
 
 
 def test_rm_inside_refuses_what_resolves_outside(simple, tmp_path):
-    """engine.sh's rm_inside, on its own: a link in the path's parents sends nothing outside."""
+    """run/lib/core.sh's rm_inside, on its own: a link in the path's parents sends nothing outside."""
     project, victim = simple
     out = project / "out"
     assert _convert(project, out).returncode == 0
     (out / "state").mkdir()
     (out / "state" / "overlay").symlink_to(victim)
     (out / "state" / "gone").mkdir()
-    script = (f'source <(sed -n "/^die()/p; /^rm_inside() {{/,/^}}/p" {out}/run.sh); HERE={out}; '
+    script = (f'source {REPO}/run/lib/core.sh; HERE={out}; '
               f'rm_inside {out}/state/gone; rm_inside {out}/state/overlay/.bashrc')
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     assert proc.returncode == 1 and "outside" in proc.stderr, proc.stderr
@@ -374,7 +415,7 @@ def test_rm_inside_refuses_what_resolves_outside(simple, tmp_path):
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from test_names_and_fuzz import hostile_projects, written_project  # noqa: E402
+from helpers_fuzz import hostile_projects, written_project  # noqa: E402
 
 
 @settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None,

@@ -1,13 +1,12 @@
-"""One `up`, `down`, `restart`, `build` or `pull` of a project at a time (run/engine.sh
-take_project_lock), without a container runtime: the runtime is the RECORDING STAND-IN of
-tests/test_ps_down.py. Two at once on the real runtime: tests/e2e/test_recovery.py."""
+"""One `up`, `down`, `restart`, `build` or `pull` of a project at a time (run/lib/lock.sh
+take_project_lock), without a container runtime: the runtime is the RECORDING STAND-IN, as in
+tests/test_ps_down.py (the fixture `project`, conftest.py). Two at once on the real runtime:
+tests/e2e/test_recovery.py."""
 import os
 import re
 import subprocess
 import time
 from pathlib import Path
-
-from test_ps_down import project  # noqa: F401  (the fixture: a converted project, run.sh on the stand-in)
 
 
 def lock_path(tmp_path: Path) -> Path:
@@ -19,7 +18,7 @@ def start_time(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
 
 
-def test_down_waits_for_the_command_holding_the_lock_then_runs(project):  # noqa: F811
+def test_down_waits_for_the_command_holding_the_lock_then_runs(project):
     tmp_path, run, _ = project
     run("ps")  # creates the state directories
     lock = lock_path(tmp_path)
@@ -40,7 +39,7 @@ def test_down_waits_for_the_command_holding_the_lock_then_runs(project):  # noqa
         holder.wait()
 
 
-def test_a_lock_left_by_a_killed_command_is_taken_over_at_once(project):  # noqa: F811
+def test_a_lock_left_by_a_killed_command_is_taken_over_at_once(project):
     tmp_path, run, _ = project
     run("ps")
     lock = lock_path(tmp_path)
@@ -53,7 +52,7 @@ def test_a_lock_left_by_a_killed_command_is_taken_over_at_once(project):  # noqa
     assert not os.path.lexists(lock)
 
 
-def test_ps_runs_beside_a_held_lock(project):  # noqa: F811
+def test_ps_runs_beside_a_held_lock(project):
     tmp_path, run, _ = project
     run("ps")
     lock = lock_path(tmp_path)
@@ -63,7 +62,7 @@ def test_ps_runs_beside_a_held_lock(project):  # noqa: F811
     assert os.readlink(lock) == f"{os.getpid()} {start_time(os.getpid())} up"  # not taken, not removed
 
 
-def test_a_lock_that_cannot_be_made_ends_the_command_in_one_line(project):  # noqa: F811
+def test_a_lock_that_cannot_be_made_ends_the_command_in_one_line(project):
     tmp_path, run, _ = project
     run("ps")
     lock = lock_path(tmp_path)

@@ -13,35 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-STANDIN = REPO / "tests" / "standins" / "recording-standin-apptainer"
-
-COMPOSE = """name: t
-services:
-  db:
-    image: busybox
-    expose: ["5432"]
-    healthcheck: {test: [CMD, "true"], interval: 30s}
-  web:
-    image: busybox
-    depends_on: [db]
-    ports: ["127.0.0.1:18089:8080"]
-    stop_grace_period: 1s
-"""
-
-
-@pytest.fixture
-def project(tmp_path):
-    (tmp_path / "compose.yaml").write_text(COMPOSE)
-    subprocess.run(["python3", "-m", "compose2sif", "-f", str(tmp_path / "compose.yaml"), "convert", "--offline", "-o",
-                    str(tmp_path / "out")], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    listing = tmp_path / "listing.json"
-    listing.write_text('{"instances": []}')
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "C2S_RUNTIME": str(STANDIN),
-           "C2S_RECORD": str(tmp_path / "record"), "C2S_STANDIN_LIST": str(listing)}
-    run = lambda *args: subprocess.run([str(tmp_path / "out" / "run.sh"), *args], env=env,  # noqa: E731
-                                       capture_output=True, text=True, timeout=60)
-    return tmp_path, run, listing
-
+# the fixture `project` (conftest.py): a converted project whose run.sh runs on the stand-in
 
 def instance_tree(tmp_path, name):
     """A STAND-IN instance: starter (argv[0] as Apptainer names it) -> init -> start script (which
@@ -134,7 +106,6 @@ def test_down_signals_the_service_then_ends_the_whole_instance_tree(project):
     (60 * 86400, "2 months"), (730 * 86400, "2 years")])
 def test_uptime_in_docker_words(seconds, words):
     """As Docker's go-units HumanDuration words a container's uptime ("Up 3 minutes")."""
-    function = re.search(r"^human_duration\(\) \{.*?^\}$", (REPO / "run" / "engine.sh").read_text(), re.S | re.M).group(0)
-    proc = subprocess.run(["bash", "-c", f'{function}\nhuman_duration {seconds}; printf %s "$DURATION"'],
-                          capture_output=True, text=True)
+    script = f'source {REPO}/run/lib/listing.sh; human_duration {seconds}; printf %s "$DURATION"'
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     assert proc.stdout == words

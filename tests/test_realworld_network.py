@@ -13,7 +13,7 @@ import pytest
 from compose2sif.errors import ComposeError
 from compose2sif.load import ProjectOptions, load_project
 from compose2sif.plan import PlanOptions, build_plan, image_definitions
-from compose2sif.plan.network import References, overlaps
+from helpers import check_plan
 
 REALWORLD = Path(__file__).resolve().parent.parent.parent / "shared" / "realworld"
 
@@ -75,40 +75,7 @@ def _load(name: str, tmp_path: Path, dockerfiles=None):
     return load_project(options)
 
 
-def _texts(plan):
-    """(service, text) of everything in the plan that may name another service's port."""
-    for service in plan.services:
-        for value in service.environment.values():
-            yield service.name, value
-        for arg in service.launch or []:
-            yield service.name, arg
-        for arg in (service.healthcheck or {}).get("test", []):
-            yield service.name, arg
-    for path, content in plan.configs.items():
-        yield path.split("/")[1], content
-
-
-def check_plan(plan) -> None:
-    endpoints = [(s.name, p) for s in plan.services for p in s.ports]
-    for i, (a, pa) in enumerate(endpoints):
-        assert pa.host >= 1024, f"{a} listens on privileged port {pa.host}"
-        for b, pb in endpoints[i + 1:]:
-            if a != b or pa.container != pb.container:
-                assert not overlaps((pa.address, pa.host), (pb.address, pb.host)), \
-                    f"{a} {pa.address}:{pa.host} collides with {b} {pb.address}:{pb.host}"
-    finder = References({s.name: s.names for s in plan.services})
-    listening = {(s.name, p.host) for s in plan.services for p in s.ports}
-    for client, text in _texts(plan):
-        for server, port in finder.references(text):
-            assert (server, port) in listening, f"{client} names {server}:{port}, where {server} does not listen"
-
-
-# Known planner faults, each tied to the issue that fixes it; strict, so a fix shows here.
-KNOWN_FAULTS: dict = {}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_FAULTS[n]))
-                                  if n in KNOWN_FAULTS else n for n in sorted(PROJECTS)])
+@pytest.mark.parametrize("name", sorted(PROJECTS))
 def test_realworld_project_plans_soundly_or_is_refused_with_the_fix(name, tmp_path):
     project = _load(name, tmp_path)
     try:

@@ -4,7 +4,6 @@ what `compose2sif doctor` says of storage. The runtime here is a BUILDING STAND-
 goes and records the APPTAINER_* variables it was given. The test bed does the same with the real
 Apptainer (tests/e2e/test_builds.py)."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -27,6 +27,9 @@ from compose2sif.errors import ComposeError
 
 STAGING = "/.c2s-build"
 IMAGE_STAGE = "c2s-image-"  # a stage made for COPY --from=IMAGE
+# the base image's runscript (Apptainer writes it from the image's ENTRYPOINT and CMD before %post),
+# kept for a CMD without an ENTRYPOINT of the Dockerfile's own
+BASE_RUNSCRIPT = "/.singularity.d/c2s-base-runscript"
 DEFAULT_SHELL = ["/bin/sh", "-c"]
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
@@ -500,16 +503,21 @@ def _needed_stages(stages: List[Stage], final: Stage) -> List[Stage]:
 
 
 def _runscript(stage: Stage) -> List[str]:
+    """The %runscript lines of the final stage, with Docker's semantics: arguments replace CMD.
+    Without an ENTRYPOINT of the Dockerfile's own, the base image's applies (and without a CMD too,
+    its CMD): the runscript Apptainer derived from the base image's configuration (BASE_RUNSCRIPT,
+    saved in %post) is run, given this CMD or the arguments, with SINGULARITY_NO_EVAL=1 so that
+    it passes them on as they are, never through the shell (on any runtime that writes such a
+    runscript: Apptainer >= 1.1, SingularityCE >= 3.10)."""
     entry, cmd = stage.entrypoint, stage.cmd
     if entry and stage.entrypoint_shell:
         return [f"exec {_quote(stage.shell + [entry[0]])}"]
     if entry:
         default = "" if not cmd else " " + _quote(stage.shell + [cmd[0]] if stage.cmd_shell else cmd)
         return [f'if [ "$#" -gt 0 ]; then exec {_quote(entry)} "$@"; fi', f"exec {_quote(entry)}{default}"]
-    if cmd:
-        run = _quote(stage.shell + [cmd[0]] if stage.cmd_shell else cmd)
-        return ['if [ "$#" -gt 0 ]; then exec "$@"; fi', f"exec {run}"]
-    return ['if [ "$#" -gt 0 ]; then exec "$@"; fi', "exec /bin/sh"]
+    base = f"SINGULARITY_NO_EVAL=1 exec {BASE_RUNSCRIPT}"
+    default = "" if not cmd else " " + _quote(stage.shell + [cmd[0]] if stage.cmd_shell else cmd)
+    return [f'if [ "$#" -gt 0 ]; then {base} "$@"; fi', f"{base}{default}"]
 
 
 def _render(stages: List[Stage], final: Stage) -> str:
@@ -526,7 +534,12 @@ def _render(stages: List[Stage], final: Stage) -> str:
             out.append("")
         if stage.name.startswith(IMAGE_STAGE):
             continue  # only copied from; the image may have no shell to run a %post
+        runscript = _runscript(stage) if stage is final else []
         out.append("%post")
+        if BASE_RUNSCRIPT in "".join(runscript):
+            # (a base without one: Docker's semantics of no ENTRYPOINT, run the arguments)
+            out.append(f"    cp /.singularity.d/runscript {BASE_RUNSCRIPT} 2>/dev/null || "
+                       f"printf '#!/bin/sh\\nexec \"$@\"\\n' > {BASE_RUNSCRIPT}; chmod 0755 {BASE_RUNSCRIPT}")
         out.append(f"    mkdir -p {STAGING}")
         out += [_body_line(line) for line in stage.post]
         out.append(f"    rm -rf {STAGING}")
@@ -542,7 +555,7 @@ def _render(stages: List[Stage], final: Stage) -> str:
                 out.append("")
             out.append("%runscript")
             out.append(f"    cd {sh_quote(stage.workdir)} 2>/dev/null || true")
-            out += [_body_line(line) for line in _runscript(stage)]
+            out += [_body_line(line) for line in runscript]
             out.append("")
     return "\n".join(out)
 

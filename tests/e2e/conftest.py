@@ -1,14 +1,16 @@
 """The end-to-end test bed: a real rootless Apptainer, as the unprivileged user `hpc` on a Debian
 sid root filesystem (see provision.sh and testbed.py), with images served by a local registry.
+These tests run only with --e2e (tests/conftest.py) and are all marked e2e.
 
 Outside CI, without root, these tests are skipped with one line saying why. With CI=true a
-missing test bed is a failure, never a skip."""
+missing test bed is a failure, never a skip. One run at a time has the test bed: a second run
+started meanwhile says so and waits (testbed.taken)."""
 import os
 from pathlib import Path
 
 import pytest
 
-from testbed import Node, provision, registry
+from testbed import Node, provision, registry, taken
 
 CI = bool(os.environ.get("CI"))
 
@@ -20,19 +22,42 @@ def _unavailable(reason: str):
 
 
 @pytest.fixture(scope="session")
-def node():
+def testbed(request):
+    """The test bed's description (provision.sh's output), taken for this run, its registry serving."""
     if os.geteuid() != 0:
         _unavailable("run as root (it debootstraps a node and enters it with pivot_root)")
-    try:
-        info = provision()
-        with registry(info):
-            the_node = Node(Path(info["NODE"]), info["REGISTRY_PORT"], info["HPC_UID"])
-            # a scratch file system outside the home directory, as HPC sites have: run.sh keeps
-            # SIFs and build caches there (/scratch/$USER)
-            the_node.scratch.mkdir(parents=True, exist_ok=True)
-            os.chown(the_node.scratch, int(the_node.uid), int(the_node.uid))
-            the_node.kill_all()
-            yield the_node
-            the_node.kill_all()
-    except RuntimeError as exc:
-        _unavailable(str(exc))
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+
+    def tell(line: str):  # on the terminal at once, past pytest's capture
+        with capture.global_and_fixture_disabled():
+            print(f"\n[e2e] {line}", flush=True)
+
+    with taken(tell):
+        try:
+            info = provision()
+            with registry(info):
+                yield info
+        except RuntimeError as exc:
+            _unavailable(str(exc))
+
+
+@pytest.fixture(scope="session")
+def node(testbed):
+    """The rootless node: Apptainer with user namespaces, as user `hpc`."""
+    the_node = Node(Path(testbed["NODE"]), testbed["REGISTRY_PORT"], testbed["HPC_UID"])
+    # a scratch file system outside the home directory, as HPC sites have: run.sh keeps
+    # SIFs and build caches there (/scratch/$USER)
+    the_node.scratch.mkdir(parents=True, exist_ok=True)
+    os.chown(the_node.scratch, int(the_node.uid), int(the_node.uid))
+    the_node.kill_all()
+    yield the_node
+    the_node.kill_all()
+
+
+@pytest.fixture(scope="session")
+def setuid_node(testbed):
+    """The setuid node: Apptainer installed setuid, user namespaces blocked (provision.sh)."""
+    the_node = Node(Path(testbed["SETUID_NODE"]), testbed["REGISTRY_PORT"], testbed["HPC_UID"], mode="setuid")
+    the_node.kill_all()
+    yield the_node
+    the_node.kill_all()

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Build the end-to-end test bed: a real, rootless Apptainer on this Debian machine, and OCI images
-# of real software (nginx, PostgreSQL, Redis, Python, llama.cpp) from Debian's archive in a local
-# registry. Needs root (to debootstrap and to enter the node). Idempotent: everything is cached
-# under $C2S_TESTBED (default /var/cache/compose2sif-testbed), keyed by a hash of this recipe and
-# the image recipes, so a second run takes seconds. Prints the test bed directory on success.
+# Build the end-to-end test bed: a real, rootless Apptainer on this Debian machine, a setuid one on
+# a node without user namespaces, and OCI images of real software (nginx, PostgreSQL, Redis,
+# Python, llama.cpp) from Debian's archive in a local registry. Needs root (to debootstrap and to
+# enter the node). Idempotent: everything is cached under $C2S_TESTBED (default
+# /var/cache/compose2sif-testbed), keyed by a hash of this recipe and the image recipes, so a second
+# run takes seconds. Prints the test bed directory on success.
 #
 # Layout of the test bed directory:
 #   node/        Debian sid root filesystem with apptainer, entered with pivot_root (not chroot:
 #                the kernel refuses user namespaces inside a chroot); user `hpc` runs the tests
+#   suidpkg/     Debian's apptainer source package rebuilt --with-suid (debian/rules says
+#                --without-suid), built in a throwaway sid root filesystem; only the .deb is kept
+#   suidnode/    a second node with that package: starter-suid root-owned 4755, `allow
+#                setuid-mount squashfs = yes`; enter.sh with C2S_BLOCK_USERNS=1 takes user
+#                namespaces away from hpc there (the seed's kind of cluster: setuid, no userns)
 #   oci/         OCI image layout holding the test images
 #   registry/    storage of a Distribution registry (`docker-registry`) serving them on 127.0.0.1
 #   ready        written last
@@ -23,11 +29,16 @@ hpc_uid=${C2S_TESTBED_UID:-61000}  # a uid no account of the host machine is lik
 hash() { sha256sum | cut -c1-16; }
 node="$base/node-$(echo "sid $node_packages uid=$hpc_uid" | hash)"
 imgbase="$base/imgbase-$(echo "sid $base_packages" | hash)"
+suid_recipe="sid apptainer source, debian/rules --with-suid, override_dh_golang empty, nocheck"
+suidpkg="$base/suidpkg-$(echo "$suid_recipe" | hash)"
+suidnode="$base/suidnode-$(echo "sid $node_packages uid=$hpc_uid $suidpkg" | hash)"
 image_key() {  # an image is rebuilt when its recipe, its files or the image base change
-    (cat "$here/images/$1.image"; . "$here/images/$1.image"; for f in "${FILES[@]}"; do cat "$here/images/${f%%:*}"; done
+    # (FILES emptied first: the loop below sources recipes, and a skipped image must not lend its FILES)
+    (FILES=(); cat "$here/images/$1.image"; . "$here/images/$1.image"; for f in "${FILES[@]}"; do cat "$here/images/${f%%:*}"; done
      echo "$imgbase") | hash
 }
-all_keys=$(for r in "$here"/images/*.image; do n=$(basename "$r" .image); echo "$n $(image_key "$n")"; done; echo "$node")
+all_keys=$(for r in "$here"/images/*.image; do n=$(basename "$r" .image); echo "$n $(image_key "$n")"; done
+           echo "$node $suidnode")
 ready="$base/ready-$(echo "$all_keys $registry_port" | hash)"
 dir="$base"
 
@@ -42,6 +53,12 @@ if [ -f "$ready" ]; then
     exit 0
 fi
 
+# one build at a time: a second provision.sh waits here, then finds the first one's work
+mkdir -p "$dir"
+exec 9>"$dir/.lock"
+flock 9
+[ -f "$ready" ] && { cat "$ready"; exit 0; }
+
 need=()
 for tool in debootstrap umoci skopeo docker-registry; do
     command -v "$tool" >/dev/null || need+=("$tool")
@@ -51,11 +68,6 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap umoci skopeo docker-registry >/dev/null
 fi
-
-mkdir -p "$dir"
-exec 9>"$dir/.lock"
-flock 9
-[ -f "$ready" ] && { cat "$ready"; exit 0; }
 
 # ---- the node: Apptainer 1.4 from Debian sid, an unprivileged user ---------------------------
 if [ ! -f "$node/.done" ]; then
@@ -68,6 +80,62 @@ if [ ! -f "$node/.done" ]; then
     grep -q '^hpc:' "$node/etc/subgid" || echo 'hpc:100000:65536' >>"$node/etc/subgid"
     mkdir -p "$node/work" "$node/.oldroot"
     touch "$node/.done"
+fi
+
+# ---- the setuid package: Debian's source rebuilt --with-suid --------------------------------
+in_root() {  # ROOT SCRIPT: run SCRIPT as root in ROOT, with a /proc that goes away with it
+    unshare -m --propagation private sh -c 'mount -t proc proc "$1/proc" && exec chroot "$1" sh -c "$2"' - "$1" "$2"
+}
+if [ ! -f "$suidpkg/.done" ]; then
+    build="$base/suidbuild"
+    rm -rf "$build" "$suidpkg"
+    log "debootstrap a build root, then rebuild Debian's apptainer --with-suid (several minutes)"
+    started=$(date +%s)
+    debootstrap --variant=minbase --include=build-essential,dpkg-dev,fakeroot sid "$build" "$mirror" \
+        >"$build.log" 2>&1 || { tail -20 "$build.log" >&2; exit 1; }
+    echo "deb-src $mirror sid main" >>"$build/etc/apt/sources.list"
+    cp /etc/resolv.conf "$build/etc/resolv.conf"
+    # dh_golang maps the Go imports to Debian packages for the package's metadata: not needed here
+    in_root "$build" '
+        set -e
+        apt-get -o Acquire::Check-Valid-Until=false update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get build-dep -y -qq apptainer
+        mkdir /build && cd /build && apt-get source -qq apptainer && cd apptainer-*/
+        sed -i "s/--without-suid/--with-suid/" debian/rules && grep -q -- --with-suid debian/rules
+        printf "\noverride_dh_golang:\n" >>debian/rules
+        DEB_BUILD_OPTIONS=nocheck dpkg-buildpackage -b -uc -us' >>"$build.log" 2>&1 ||
+        { tail -20 "$build.log" >&2; exit 1; }
+    mkdir -p "$suidpkg"
+    cp "$build"/build/apptainer_*.deb "$suidpkg/"
+    log "setuid apptainer built in $(( $(date +%s) - started )) s: $(basename "$suidpkg"/apptainer_*.deb)"
+    rm -rf "$build" "$build.log"
+    touch "$suidpkg/.done"
+fi
+
+# ---- the setuid node: the same packages, apptainer replaced by the setuid build ----------------
+if [ ! -f "$suidnode/.done" ]; then
+    rm -rf "$suidnode"
+    log "debootstrap the setuid node (sid, apptainer --with-suid)"
+    debootstrap --variant=minbase --include="$node_packages" sid "$suidnode" "$mirror" >"$suidnode.log" 2>&1 ||
+        { tail -20 "$suidnode.log" >&2; exit 1; }
+    cp "$suidpkg"/apptainer_*.deb "$suidnode/tmp/"
+    chroot "$suidnode" sh -c 'dpkg -i /tmp/apptainer_*.deb && rm /tmp/apptainer_*.deb' >>"$suidnode.log" 2>&1 ||
+        { tail -20 "$suidnode.log" >&2; exit 1; }
+    starter="$suidnode$(chroot "$suidnode" apptainer buildcfg LIBEXECDIR)/apptainer/bin/starter-suid"
+    [ -f "$starter" ] || { echo "provision.sh: the setuid build has no $starter" >&2; exit 1; }
+    chown root:root "$starter" && chmod 4755 "$starter"
+    conf="$suidnode/etc/apptainer/apptainer.conf"
+    # the SIF is mounted by the kernel (the default, iflimited, uses squashfuse unless owners are limited)
+    sed -i -e 's/^allow setuid *=.*/allow setuid = yes/' \
+        -e 's/^#* *allow setuid-mount squashfs *=.*/allow setuid-mount squashfs = yes/' "$conf"
+    grep -qx 'allow setuid = yes' "$conf" && grep -qx 'allow setuid-mount squashfs = yes' "$conf" ||
+        { echo "provision.sh: $conf: could not set allow setuid / allow setuid-mount squashfs" >&2; exit 1; }
+    chroot "$suidnode" useradd -m -s /bin/bash -u "$hpc_uid" -U hpc
+    # a subuid range, as such sites often have: fakeroot then says it finds no user namespace
+    grep -q '^hpc:' "$suidnode/etc/subuid" || echo 'hpc:100000:65536' >>"$suidnode/etc/subuid"
+    grep -q '^hpc:' "$suidnode/etc/subgid" || echo 'hpc:100000:65536' >>"$suidnode/etc/subgid"
+    mkdir -p "$suidnode/work" "$suidnode/.oldroot"
+    touch "$suidnode/.done"
 fi
 
 # ---- test images: one sid base, one variant per image recipe --------------------------------
@@ -157,9 +225,10 @@ stop_registry
 registry_pid=""
 chmod 0755 "$base"
 rm -f "$base"/ready-*
-for old in "$base"/node-* "$base"/imgbase-*; do  # earlier recipes' trees (and their .log files)
-    case "$old" in "$node" | "$node.log" | "$imgbase" | "$imgbase.log") ;; *) rm -rf "$old" ;; esac
+for old in "$base"/node-* "$base"/imgbase-* "$base"/suidpkg-* "$base"/suidnode-*; do  # earlier recipes' trees
+    case "$old" in "$node" | "$node.log" | "$imgbase" | "$imgbase.log" | "$suidpkg" | "$suidnode" | "$suidnode.log") ;;
+        *) rm -rf "$old" ;; esac
 done
-printf 'NODE=%s\nREGISTRY_CONFIG=%s\nREGISTRY_PORT=%s\nHPC_UID=%s\n' "$node" "$dir/registry.yml" "$registry_port" \
-    "$hpc_uid" >"$ready"
+printf 'NODE=%s\nSETUID_NODE=%s\nREGISTRY_CONFIG=%s\nREGISTRY_PORT=%s\nHPC_UID=%s\n' "$node" "$suidnode" \
+    "$dir/registry.yml" "$registry_port" "$hpc_uid" >"$ready"
 cat "$ready"

@@ -20,6 +20,8 @@ import pytest
 
 from testbed import HERE, REPO
 
+pytestmark = pytest.mark.e2e
+
 NODES = [("c2s-node0", "c2s-ns0", "10.250.0.1"), ("c2s-node1", "c2s-ns1", "10.250.0.2")]
 STACK = """\
 name: raytest

@@ -1,16 +1,43 @@
-"""The end-to-end test bed as Python objects, for the tests and for bench/: provision it, serve
-its registry, and run commands as the unprivileged user `hpc` on its node."""
+"""The end-to-end test bed as Python objects, for the tests and for bench/: take it for this run,
+provision it, serve its registry, and run commands as the unprivileged user `hpc` on its node."""
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict
+from typing import Callable, Dict
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+BASE = Path(os.environ.get("C2S_TESTBED", "/var/cache/compose2sif-testbed"))  # as provision.sh has it
+
+
+@contextmanager
+def taken(tell: Callable[[str], None] = print):
+    """The test bed for this run alone, for the duration of the block: one node, one user `hpc`
+    whose processes a run kills, one registry port, so a second run waits here until the first
+    is done (tell says so, naming the holder)."""
+    BASE.mkdir(parents=True, exist_ok=True)
+    path = BASE / "in-use.lock"
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            tell(f"waiting for the end-to-end test bed: in use by {lock.read().strip() or 'another run'} ({path})")
+            started = time.monotonic()
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            tell(f"took the end-to-end test bed after {time.monotonic() - started:.0f} s")
+        lock.seek(0)
+        lock.truncate()
+        command = " ".join(Path("/proc/self/cmdline").read_bytes().decode(errors="replace").split())
+        lock.write(f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}: {command[:200]}\n")
+        lock.flush()
+        yield
 
 
 def provision(timeout: float = 3000) -> Dict[str, str]:
@@ -24,34 +51,43 @@ def provision(timeout: float = 3000) -> Dict[str, str]:
 @contextmanager
 def registry(info: Dict[str, str]):
     """The local registry serving the test images, for the duration of the block."""
-    server = subprocess.Popen(["docker-registry", "serve", info["REGISTRY_CONFIG"]],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{info['REGISTRY_PORT']}/v2/"
+    answers = lambda: subprocess.run(["curl", "-fs", url], capture_output=True).returncode == 0  # noqa: E731
+    if answers():
+        raise RuntimeError(f"{url} answers before our registry starts: a registry left by an earlier run? "
+                           "(stop it: it may serve other images)")
+    log = tempfile.TemporaryFile()
+    server = subprocess.Popen(["docker-registry", "serve", info["REGISTRY_CONFIG"]], stdout=log, stderr=log)
     try:
         for _ in range(50):
-            if subprocess.run(["curl", "-fs", f"http://127.0.0.1:{info['REGISTRY_PORT']}/v2/"],
-                              capture_output=True).returncode == 0:
+            if server.poll() is not None or answers():
                 break
             time.sleep(0.2)
-        else:
-            raise RuntimeError("the local registry did not start")
+        if server.poll() is not None or not answers():
+            log.seek(0)
+            said = " | ".join(log.read().decode(errors="replace").strip().splitlines()[-3:])
+            raise RuntimeError(f"the local registry did not start ({url}): {said or 'no answer in 10 s'}")
         yield
     finally:
         server.terminate()
         server.wait(timeout=10)
+        log.close()
 
 
 class Node:
     """Runs commands as `hpc` on the test bed's node (the repository is at /work there)."""
 
-    def __init__(self, root: Path, registry_port: str, uid: str):
+    def __init__(self, root: Path, registry_port: str, uid: str, mode: str = "rootless"):
         self.root = root
+        self.mode = mode  # rootless | setuid (SETUID_NODE of provision.sh; hpc has no user namespaces there)
         self.uid = uid  # hpc's uid, on the node and (shared process table) on the host
         self.home = root / "home" / "hpc"
         self.scratch = root / "scratch" / "hpc"
         self.registry = f"127.0.0.1:{registry_port}"
 
     def run(self, command: str, timeout: float = 600, hide_python: bool = False, check: bool = False):
-        env = dict(os.environ, C2S_HIDE_PYTHON="1" if hide_python else "0")
+        env = dict(os.environ, C2S_HIDE_PYTHON="1" if hide_python else "0",
+                   C2S_BLOCK_USERNS="1" if self.mode == "setuid" else "0")
         script = f"export APPTAINER_NOHTTPS=1 PYTHONPATH=/work PYTHONDONTWRITEBYTECODE=1; {command}"
         proc = subprocess.run([str(HERE / "enter.sh"), str(self.root), str(REPO), "bash", "-c", script],
                               capture_output=True, text=True, timeout=timeout, env=env)
@@ -64,7 +100,13 @@ class Node:
 
     def copy_stack(self, name: str, source: str = "stack") -> Path:
         target = self.home / name
-        shutil.rmtree(target, ignore_errors=True)
+        if target.exists() or target.is_symlink():
+            try:
+                shutil.rmtree(target)
+            except OSError as exc:  # say why, and what may hold it
+                left = "; ".join(self.processes()[:5]) or "none"
+                raise RuntimeError(f"cannot remove the previous copy of {name} ({exc}); processes of hpc now: "
+                                   f"{left}") from exc
         shutil.copytree(HERE / source, target)
         if (target / "models").is_dir():  # the stack serves a model: write the tiny one
             subprocess.run([sys.executable, str(HERE / "tiny_model.py"), str(target / "models" / "tiny.gguf")],

@@ -185,4 +185,4 @@ load_service() {
     esac
 }
 
-# ---- the engine (the same for every project: run/engine.sh) ---------------------------------
+# ---- the engine (the same for every project: run/lib, run/cmd, run/main.sh) ----------------

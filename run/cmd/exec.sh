@@ -1,0 +1,12 @@
+# ---- run/cmd/exec.sh: `exec SERVICE COMMAND...` --------------------------------------------------
+
+cmd_exec() {
+    [ $# -ge 2 ] || die "exec: usage: exec SERVICE COMMAND..."
+    detect_runtime
+    load_service "$1"
+    shift
+    service_running || die "$S_NAME is not running"
+    env_flags
+    [ -n "$S_WORKDIR" ] && ENV_FLAGS+=(--pwd "$S_WORKDIR")
+    exec "$RT" exec "${ENV_FLAGS[@]}" "instance://$S_INSTANCE" "$@"
+}

@@ -1,0 +1,22 @@
+# ---- run/cmd/logs.sh: `logs [-f] SERVICE` --------------------------------------------------------
+
+cmd_logs() {
+    local follow=0 name="" files=() f
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            -f | --follow) follow=1 ;;
+            *) name=$1 ;;
+        esac
+        shift
+    done
+    [ -n "$name" ] || die "logs: name a service"
+    detect_runtime
+    load_service "$name"
+    if [ "$S_ONESHOT" = 1 ]; then
+        files=("$STATE/logs/$name.log")
+    else
+        while IFS= read -r f; do [ -n "$f" ] && [ -e "$f" ] && files+=("$f"); done < <(log_paths)
+    fi
+    [ ${#files[@]} -gt 0 ] || die "no logs for $name yet"
+    if [ "$follow" = 1 ]; then tail -n +1 -F "${files[@]}"; else cat "${files[@]}"; fi
+}

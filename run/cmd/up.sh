@@ -1,0 +1,117 @@
+# ---- run/cmd/up.sh: `up [-d] [SERVICE...]` -------------------------------------------------------
+
+cmd_up() {
+    local detach=0 names=() name failed=0 pids=() st held
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            -d | --detach) detach=1 ;;
+            -*) die "up: unknown option $1" ;;
+            *) names+=("$1") ;;
+        esac
+        shift
+    done
+    for name in "${names[@]}"; do load_service "$name"; done  # unknown names end here, with a message
+    take_project_lock up
+    detect_runtime
+    prepare_state
+    stop_supervisor  # one supervisor per project (a new one starts below), and none restarting what `up` starts
+    clean_stale up
+    mapfile -t names < <(closure "${names[@]}")
+    for name in "${names[@]}"; do
+        rm -f "$(status_file "$name")" "$RUNDIR/$name.timeline" "$RUNDIR/$name.progress"
+        probe_fakeroot "$name"
+    done
+    assign_gpus "${names[@]}"
+    list_instances
+    # nothing starts while an endpoint of a service to start is taken on this node
+    held=$(endpoints_taken "${names[@]}")
+    if [ -n "$held" ]; then
+        while IFS= read -r st; do echo "run.sh: up: endpoint $st" >&2; done <<<"$held"
+        echo "run.sh: up: nothing was started; stop what holds it, or convert again here to re-plan" >&2
+        return 1
+    fi
+    [ -t 2 ] && [ "${TERM:-dumb}" != dumb ] && PROGRESS_TTY=1
+    for name in "${names[@]}"; do
+        up_one "$name" &
+        pids+=($!)
+    done
+    [ "$PROGRESS_TTY" = 1 ] && watch_progress "${names[@]}" -- "${pids[@]}"
+    PROGRESS_TTY=0  # a restart under the supervisor is told in lines
+    local pid
+    for pid in "${pids[@]}"; do wait "$pid" || true; done
+    for name in "${names[@]}"; do
+        case "$(get_status "$name")" in failed*) nap 1; break ;; esac  # let the runtime flush the logs
+    done
+    for name in "${names[@]}"; do
+        st=$(get_status "$name")
+        case "$st" in
+            failed*)
+                failed=1
+                load_service "$name"
+                echo "run.sh: service $name failed: ${st#failed }" >&2
+                case "$st" in
+                    *dependency* | failed\ endpoint\ *) ;;  # nothing ran
+                    *)
+                        echo "--- last 20 log lines of $name ---" >&2
+                        log_tail 20 >&2
+                        echo "---" >&2
+                        explain_address_in_use >&2
+                        ;;
+                esac
+                ;;
+        esac
+    done
+    if [ "$failed" = 1 ]; then
+        return 1
+    fi
+    note "up: ${names[*]}"
+    print_entry_points
+    printf '%s\n' "${names[@]}" >"$RUNDIR/supervised"
+    if [ "$detach" = 1 ]; then
+        if needs_supervisor; then
+            # ignored from the fork on: where run.sh leads its terminal's session (`ssh -t node
+            # run.sh up -d`) the hangup at its exit would reach the child before nohup runs
+            trap '' HUP
+            nohup setsid "$HERE/run.sh" _supervise </dev/null >"$STATE/logs/supervisor.log" 2>&1 &
+            write_pid_record $! "$RUNDIR/supervisor.pid"
+        fi
+        return 0
+    fi
+    # in the foreground this process is the supervisor: `down` or another `up` ends it
+    release_project_lock
+    write_pid_record $$ "$RUNDIR/supervisor.pid"
+    SUPERVISOR_PID_FILE="$RUNDIR/supervisor.pid"
+    trap on_stop_signal TERM INT HUP
+    supervise
+}
+
+# A signal to the foreground `up`: the end of a batch job (stop everything), or `down` or another
+# `up` that took over (they removed our supervisor.pid first; nothing to do).
+on_stop_signal() {
+    local pid=""
+    { read -r pid _ || true; } 2>/dev/null <"$RUNDIR/supervisor.pid"
+    if [ "$pid" != "$$" ]; then
+        note "up: ended by another run.sh up or down"
+        exit 0
+    fi
+    rm -f "$RUNDIR/supervisor.pid"
+    note "stopping (signal)"
+    cmd_down
+    exit 0
+}
+
+# Where a person goes next: the web front's URL on this node, and the SSH tunnel from a laptop
+# through the login node (compute nodes are rarely reachable directly).
+print_entry_points() {
+    local entry service scheme address port path node target
+    node=$(hostname -f 2>/dev/null || hostname)
+    for entry in "${ENTRY_POINTS[@]}"; do
+        read -r service scheme address port path <<<"$entry"
+        case "$address" in
+            0.0.0.0) target=localhost; note "$service: $scheme://$node:$port$path" ;;
+            *) target=$address; note "$service: $scheme://$address:$port$path (on $node)" ;;
+        esac
+        note "  from your laptop: ssh -N -L $port:$target:$port -J ${USER:-you}@LOGIN-NODE ${USER:-you}@$node" \
+            "then open $scheme://localhost:$port$path"
+    done
+}

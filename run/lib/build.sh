@@ -1,0 +1,208 @@
+# ---- run/lib/build.sh: building the project's images into SIFs, and refreshing pulled ones ----
+
+# The docker reference a definition starts from, when that is a tag rather than a digest.
+registry_tag() {
+    local line boot="" from=""
+    while IFS= read -r line; do
+        case "$line" in
+            Bootstrap:*) boot=${line#Bootstrap:} boot=${boot// /} ;;
+            From:*) from=${line#From:} from=${from// /} ;;
+            %*) break ;;
+        esac
+    done <"$1"
+    [ "$boot" = docker ] && [ -n "$from" ] && [ "${from#*@}" = "$from" ] || return 1
+    printf '%s' "$from"
+}
+
+# The registry's digest of the tag $1 (Docker Registry HTTP API v2, one HEAD request, anonymous
+# token auth as Docker Hub uses; HEAD requests do not count against its pull limit). Empty when
+# it cannot be read: no curl, no network, a private registry.
+tag_digest() {
+    local ref=$1 registry=registry-1.docker.io name tag=latest scheme=https url headers challenge realm service scope token
+    local accept="application/vnd.oci.image.index.v1+json,application/vnd.docker.distribution.manifest.list.v2+json,application/vnd.oci.image.manifest.v1+json,application/vnd.docker.distribution.manifest.v2+json"
+    command -v curl >/dev/null 2>&1 || return 0
+    name=$ref
+    case "${ref%%/*}" in
+        *.* | *:* | localhost) [ "${ref#*/}" != "$ref" ] && registry=${ref%%/*} name=${ref#*/} ;;
+    esac
+    case "$registry" in docker.io | index.docker.io) registry="registry-1.docker.io" ;; esac
+    case "${name##*/}" in *:*) tag=${name##*:} name=${name%:*} ;; esac
+    [ "$registry" = registry-1.docker.io ] && [ "${name#*/}" = "$name" ] && name="library/$name"
+    case "$registry" in 127.* | localhost*) scheme=http ;; esac
+    [ -n "${APPTAINER_NOHTTPS:-}${SINGULARITY_NOHTTPS:-}" ] && scheme=http
+    url="$scheme://$registry/v2/$name/manifests/$tag"
+    headers=$(curl -sSI --connect-timeout 5 --max-time 20 -H "Accept: $accept" -- "$url" 2>/dev/null | tr -d '\r')
+    challenge=$(printf '%s\n' "$headers" | sed -n 's/^[Ww][Ww][Ww]-[Aa]uthenticate: *Bearer //p')
+    if [ -n "$challenge" ]; then
+        realm=$(printf '%s' "$challenge" | sed -n 's/.*realm="\([^"]*\)".*/\1/p')
+        service=$(printf '%s' "$challenge" | sed -n 's/.*service="\([^"]*\)".*/\1/p')
+        scope=$(printf '%s' "$challenge" | sed -n 's/.*scope="\([^"]*\)".*/\1/p')
+        token=$(curl -sS --connect-timeout 5 --max-time 20 -G --data-urlencode "service=$service" \
+            --data-urlencode "scope=${scope:-repository:$name:pull}" -- "$realm" 2>/dev/null |
+            sed -n 's/.*"\(access_\)\{0,1\}token" *: *"\([^"]*\)".*/\2/p' | head -n 1)
+        [ -n "$token" ] || return 0
+        headers=$(curl -sSI --connect-timeout 5 --max-time 20 -H "Accept: $accept" -H "Authorization: Bearer $token" \
+            -- "$url" 2>/dev/null | tr -d '\r')
+    fi
+    printf '%s\n' "$headers" | sed -n 's/^[Dd]ocker-[Cc]ontent-[Dd]igest: *\(sha256:[0-9a-f]*\)$/\1/p' | head -n 1
+}
+
+# Wait for background build $1, redrawing the block meanwhile; its exit status.
+wait_build() {
+    if [ "$LIVE" = 1 ]; then
+        while kill -0 "$1" 2>/dev/null; do draw_builds; nap 0.5; done
+    fi
+    wait "$1"
+}
+
+# Build image $1 unless its SIF is up to date or in the shared cache. With $2=1 (--pull), an image
+# from a registry tag is checked against the registry: a tag that moved is built again.
+build_one() {
+    local key=$1 pull=${2:-0} def="$HERE/definitions/$1.def" sif="$HERE/sif/$1.sif" digest log cached flags=()
+    local force=${C2S_FORCE_BUILD:-0} ref want="" base
+    # An image built FROM another image of the project is out of date when that one changed: its
+    # digest covers the base's digest and the registry digest the base was pulled at.
+    image_bases "$key"
+    digest=$({ cat "$def" && for base in "${BASES_OF[@]}"; do
+        cat "$HERE/sif/$base.sif.digest" && { cat "$HERE/sif/$base.sif.source" 2>/dev/null || true; }
+    done; } | sha256sum | cut -d' ' -f1)
+    cached="$SIF_CACHE/$digest.sif"
+    if [ "$pull" = 1 ] && ref=$(registry_tag "$def"); then
+        build_state "$key" "checking $ref"
+        want=$(tag_digest "$ref")
+        if [ -z "$want" ]; then
+            force=1
+            build_state "$key" "cannot read the digest of $ref from its registry: building it again"
+        else
+            want="$ref@$want"
+        fi
+    fi
+    if [ -f "$sif" ] && [ "$(cat "$sif.digest" 2>/dev/null)" = "$digest" ] && [ "$force" != 1 ] &&
+        { [ -z "$want" ] || [ "$(first_line "$sif.source")" = "$want" ]; }; then
+        build_state "$key" "up to date"
+        return 0
+    fi
+    if [ -f "$cached" ] && [ "$force" != 1 ] && { [ -z "$want" ] || [ "$(first_line "$cached.source")" = "$want" ]; }; then
+        link_sif "$cached" "$sif" "$digest"
+        build_state "$key" "taken from $SIF_CACHE"
+        return 0
+    fi
+    if grep -q '^%post' "$def" && [ "$(id -u)" != 0 ]; then
+        flags+=(--fakeroot)
+    fi
+    log="$STATE/logs/build-$key.log"
+    if [ -n "$want" ] && [ -f "$sif.source" ]; then
+        build_state "$key" "$ref moved: $(first_line "$sif.source") -> ${want##*@}"
+    elif [ -n "$want" ]; then
+        build_state "$key" "$ref: no digest kept from an earlier pull: building it again"
+    fi
+    build_state "$key" "building${flags[*]:+ ${flags[*]}}"
+    if ! (umask 077 && mkdir -p "$SIF_CACHE" "$BUILD_CACHE" "$BUILD_TMP") 2>"$log"; then
+        echo "cannot create $SIF_CACHE, $BUILD_CACHE or $BUILD_TMP (set C2S_STORAGE, or C2S_SIF_CACHE and APPTAINER_CACHEDIR, to a writable place)" >>"$log"
+        build_state "$key" "failed (log: $log)"
+        return 1
+    fi
+    # in the output directory: a localimage stage's From (sif/KEY.sif) is relative to it
+    if (cd "$HERE" && exec env "${BUILD_ENV[@]}" "$RT" build --force "${flags[@]}" "$cached.$$.tmp" "$def") >"$log" 2>&1 &&
+        mv -f "$cached.$$.tmp" "$cached"; then
+        if [ -n "$want" ]; then printf '%s\n' "$want" >"$cached.source"; else rm -f "$cached.source"; fi
+        link_sif "$cached" "$sif" "$digest"
+        build_state "$key" "built"
+    else
+        rm -f "$cached.$$.tmp"
+        build_state "$key" "failed (log: $log)"
+        return 1
+    fi
+}
+
+# The output directory's SIF is the cache's file: a hard link where both are on one filesystem,
+# else a symbolic link (never a copy: it would put the image in the home quota again).
+link_sif() {
+    rm -f "$2" "$2.digest" "$2.source"  # replaced, never written through
+    ln "$1" "$2" 2>/dev/null || ln -s "$1" "$2" || return 1
+    printf '%s\n' "$3" >"$2.digest"
+    if [ -f "$1.source" ]; then cp -f "$1.source" "$2.source"; else rm -f "$2.source"; fi
+}
+
+# The images of this project that image $1 starts from, in BASES_OF: the planner writes a FROM
+# of an image another service builds as a `Bootstrap: localimage` stage From sif/KEY.sif.
+BASES_OF=()
+image_bases() {
+    local line boot="" from
+    BASES_OF=()
+    while IFS= read -r line; do
+        case "$line" in
+            Bootstrap:*) boot=${line#Bootstrap:} boot=${boot// /} ;;
+            From:*)
+                from=${line#From:} from=${from// /}
+                case "$boot:$from" in localimage:sif/*.sif) from=${from#sif/} && BASES_OF+=("${from%.sif}") ;; esac ;;
+        esac
+    done <"$HERE/definitions/$1.def"
+}
+
+# Build images $3... at most $2 at a time; those that fail are tried again one at a time, and
+# added to BUILD_FAILED (and BUILD_LOGS, whose logs build_images shows) when that fails too.
+BUILD_FAILED=() BUILD_LOGS=()
+build_round() {
+    local pull=$1 jobs=$2 pids=() keys=() retry=() i key pid
+    shift 2
+    for key in "$@"; do
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do draw_builds; nap 0.3; done
+        build_one "$key" "$pull" &
+        pids+=($!) keys+=("$key")
+    done
+    for i in "${!pids[@]}"; do wait_build "${pids[i]}" || retry+=("${keys[i]}"); done
+    # Parallel builds can trip over each other in the runtime's layer cache: retry one at a time.
+    for key in "${retry[@]}"; do
+        build_state "$key" "build failed; retrying alone"
+        build_one "$key" "$pull" &
+        pid=$!
+        wait_build "$pid" || BUILD_FAILED+=("$key") BUILD_LOGS+=("$key")
+    done
+}
+
+# Images that start from another image of the project are built after it, in rounds; one whose
+# base failed is not built, and says so.
+build_images() {
+    local pull=$1 jobs=${C2S_BUILD_JOBS:-2} todo=() round=() later=() key base blocked waiting
+    shift
+    BUILD_FAILED=() BUILD_LOGS=()
+    detect_runtime --images-only
+    prepare_state
+    mkdir -p "$HERE/sif"
+    choose_storage
+    if [ -t 2 ] && [ "${TERM:-dumb}" != dumb ]; then
+        LIVE=1 BUILD_KEYS=("$@")
+        for key in "$@"; do rm -f "$RUNDIR/build-$key.state"; done
+    fi
+    todo=("$@")
+    while [ ${#todo[@]} -gt 0 ]; do
+        round=() later=()
+        for key in "${todo[@]}"; do
+            image_bases "$key"
+            blocked="" waiting=""
+            for base in "${BASES_OF[@]}"; do
+                [[ " ${BUILD_FAILED[*]} " == *" $base "* ]] && blocked=$base
+                [[ " ${todo[*]} " == *" $base "* ]] && waiting=1
+            done
+            if [ -n "$blocked" ]; then
+                build_state "$key" "not built: it starts from image $blocked, which failed"
+                BUILD_FAILED+=("$key")
+            elif [ -n "$waiting" ]; then
+                later+=("$key")
+            else
+                round+=("$key")
+            fi
+        done
+        [ ${#round[@]} -gt 0 ] || [ ${#later[@]} -eq 0 ] ||
+            die "images ${later[*]} start from each other (definitions/*.def); run compose2sif convert again"
+        [ ${#round[@]} -eq 0 ] || build_round "$pull" "$jobs" "${round[@]}"
+        todo=("${later[@]}")
+    done
+    draw_builds
+    for key in "${BUILD_LOGS[@]}"; do
+        echo "run.sh: building image $key failed; last lines of $STATE/logs/build-$key.log:" >&2
+        tail -n 20 "$STATE/logs/build-$key.log" >&2
+    done
+    [ ${#BUILD_FAILED[@]} -eq 0 ]
+}

@@ -1,0 +1,67 @@
+# ---- run/lib/listing.sh: the rows of `ps` (table cells or JSON objects) --------------------------
+
+# Docker's words for a duration of $1 seconds ("3 minutes", "About an hour"), in DURATION.
+DURATION=""
+human_duration() {
+    local s=$1 h=$((($1 + 1800) / 3600))
+    if ((s < 1)); then DURATION="Less than a second"
+    elif ((s == 1)); then DURATION="1 second"
+    elif ((s < 60)); then DURATION="$s seconds"
+    elif ((s < 120)); then DURATION="About a minute"
+    elif ((s < 3600)); then DURATION="$((s / 60)) minutes"
+    elif ((h == 1)); then DURATION="About an hour"
+    elif ((h < 48)); then DURATION="$h hours"
+    elif ((h < 24 * 7 * 2)); then DURATION="$((h / 24)) days"
+    elif ((h < 24 * 30 * 2)); then DURATION="$((h / 24 / 7)) weeks"
+    elif ((h < 24 * 365 * 2)); then DURATION="$((h / 24 / 30)) months"
+    else DURATION="$((s / 3600 / 24 / 365)) years"
+    fi
+}
+
+# One row of `ps` for the service loaded, whose state is $2 and health $3: row $1 (the service's
+# index) of PS_ROWS, a JSON object, or 6 table cells from 6 * $1 on. Files read without a child.
+# A service whose status says it runs while no instance is left goes to STALE_KILLED (tell_stale).
+PS_JSON=0 PS_ROWS=()
+ps_row() {
+    local i=$1 st=$2 health=$3 status="" rc="" e ports="" addresses="" quoted="" cells=() row
+    { IFS= read -r status || true; } 2>/dev/null <"$RUNDIR/$S_NAME.status"
+    if [ "$st" != running ]; then
+        case "$S_TMP" in /*) e=$S_TMP ;; *) e=$HERE/$S_TMP ;; esac  # (tmp_dir, without a subshell)
+        { IFS= read -r rc || true; } 2>/dev/null <"$e/.c2s-exit"
+    fi
+    if [ "$S_ONESHOT" = 1 ]; then
+        case "$status" in
+            completed*) st=exited rc=${status#completed } ;;
+        esac
+    fi
+    if [ "$st" = absent ]; then
+        # gone without `down`: it ended or was killed; otherwise it is simply not running
+        case "$status" in
+            started | healthy) st=exited && [ "$S_ONESHOT" = 0 ] && STALE_KILLED+=("$S_NAME") ;;
+            *) st=stopped ;;
+        esac
+    fi
+    UPTIME_S="" DURATION=""
+    if [ "$st" = running ] && process_age "$IPID"; then
+        human_duration "$UPTIME_S"
+        DURATION="Up $DURATION"
+    fi
+    for e in "${S_ENDPOINTS[@]}"; do
+        e=${e%\?}
+        ports+=${ports:+,}${e##*:}
+        addresses+=${addresses:+,}$e
+        json_str "$e"
+        quoted+=${quoted:+,}$JSON_STR
+    done
+    if [ "$PS_JSON" = 1 ]; then
+        case "$rc" in '' | *[!0-9-]*) rc=null ;; esac
+        for e in "$S_NAME" "$S_INSTANCE" "$st" "$health" "$DURATION"; do json_str "$e"; cells+=("$JSON_STR"); done
+        printf -v row '{"service":%s,"instance":%s,"state":%s,"exit_code":%s,"health":%s,"ports":[%s],"endpoints":[%s],"uptime":%s,"uptime_seconds":%s}' \
+            "${cells[0]}" "${cells[1]}" "${cells[2]}" "$rc" "${cells[3]}" "$ports" "$quoted" "${cells[4]}" "${UPTIME_S:-null}"
+        PS_ROWS[i]=$row
+    else
+        [ "$st" = exited ] && [ -n "$rc" ] && st="exited($rc)"  # killed: no code was written
+        cells=("$S_NAME" "$S_INSTANCE" "$st" "$health" "${addresses:--}" "${DURATION:--}")
+        for e in 0 1 2 3 4 5; do PS_ROWS[i * 6 + e]=${cells[e]}; done
+    fi
+}

@@ -1,0 +1,229 @@
+# ---- run/lib/start.sh: starting one service (GPUs, flags, dependencies, its wait to run) ---------
+
+# The GPUs this job may use, in GPU_POOL: CUDA_VISIBLE_DEVICES where the scheduler set it, else
+# every GPU nvidia-smi lists.
+GPU_POOL=()
+gpu_pool() {
+    local n i
+    if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+        IFS=, read -r -a GPU_POOL <<<"$CUDA_VISIBLE_DEVICES"
+    elif command -v nvidia-smi >/dev/null 2>&1; then
+        n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+        GPU_POOL=()
+        for ((i = 0; i < n; i++)); do GPU_POOL+=("$i"); done
+    fi
+}
+
+# Give each GPU service its devices, in start order, so that services get disjoint GPUs.
+assign_gpus() {
+    local name next=0 spec ids count i
+    gpu_pool
+    for name in "$@"; do
+        load_service "$name"
+        [ "$S_NV" = 1 ] || continue
+        ids=""
+        for spec in "${S_GPUS[@]}"; do
+            case "$spec" in
+                ids=*) ids=${ids:+$ids,}${spec#ids=} ;;
+                count=-1) ids=$(IFS=,; echo "${GPU_POOL[*]}") ;;
+                count=*)
+                    count=${spec#count=}
+                    if ((next + count > ${#GPU_POOL[@]})); then
+                        die "service $name wants $count GPU(s) but only ${#GPU_POOL[@]} are visible and $next are taken"
+                    fi
+                    for ((i = 0; i < count; i++)); do ids=${ids:+$ids,}${GPU_POOL[next + i]}; done
+                    next=$((next + count))
+                    ;;
+            esac
+        done
+        printf '%s\n' "$ids" >"$RUNDIR/$name.gpus"
+    done
+}
+
+# What the runtime's `instance start` of the loaded service (or a one-shot's exec) gets, in
+# START_FLAGS: its environment, hosts file, binds, GPUs, writable root and home.
+START_FLAGS=()
+runtime_flags() {
+    # (no --pwd: `instance start` has none; the start script changes to the working directory)
+    env_flags
+    START_FLAGS=("${ENV_FLAGS[@]}")
+    START_FLAGS+=(--bind "$STATE/hosts:/etc/hosts:ro")
+    [ -e "$RUNDIR/$S_NAME.fakeroot" ] && START_FLAGS+=(--fakeroot)
+    local b src rest
+    for b in "${S_BINDS[@]}"; do
+        src=${b%%:*} rest=${b#*:}
+        START_FLAGS+=(--bind "$(abs "$src"):$rest")
+    done
+    [ "$S_NV" = 1 ] && START_FLAGS+=(--nv)
+    if [ "$S_NV" = 1 ] && [ -s "$RUNDIR/$S_NAME.gpus" ]; then
+        START_FLAGS+=(--env "CUDA_VISIBLE_DEVICES=$(cat "$RUNDIR/$S_NAME.gpus")")
+    fi
+    local root=$WRITABLE_ROOT
+    [ "$S_WRITABLE_TMPFS" = 1 ] && root=tmpfs
+    case "$root" in
+        overlay)
+            remove_overlay "$S_NAME" && mkdir -p "$STATE/overlay/$S_NAME"
+            START_FLAGS+=(--overlay "$STATE/overlay/$S_NAME")
+            ;;
+        tmpfs) START_FLAGS+=(--writable-tmpfs) ;;
+    esac
+    mkdir -p "$STATE/services/$S_NAME/home"
+    START_FLAGS+=(--home "$STATE/services/$S_NAME/home")
+}
+
+# A service that switches to other user ids inside (Dify's sandbox) gets --fakeroot only where that
+# maps container uids and gids 0..N here: Apptainer maps what /etc/subuid and /etc/subgid give the
+# user (with no entry, one id), setuid installs likewise. Probed at `up`; otherwise it starts
+# plainly and one line says what will not work.
+probe_fakeroot() {
+    load_service "$1"
+    rm -f "$RUNDIR/$1.fakeroot"
+    [ -n "$S_FAKEROOT_IDS" ] && [ -f "$S_SIF" ] || return 0
+    if "$RT" exec --fakeroot "$S_SIF" sh -c 'cat /proc/self/uid_map; echo --; cat /proc/self/gid_map' 2>/dev/null |
+        awk -v want="$S_FAKEROOT_IDS" 'BEGIN { f = 1 } $1 == "--" { f++; next } NF == 3 { n[f]++; s[f, n[f]] = $1; c[f, n[f]] = $3 }
+            END { if (f != 2) exit 1
+                  for (k = 1; k <= 2; k++) { covered = 0  # ids 0..covered-1 are mapped
+                      for (p = 0; p < n[k]; p++) for (i = 1; i <= n[k]; i++)
+                          if (s[k, i] <= covered && s[k, i] + c[k, i] > covered) covered = s[k, i] + c[k, i]
+                      if (covered <= want) exit 1 } }'; then
+        : >"$RUNDIR/$1.fakeroot"
+    else
+        note "$S_FAKEROOT_WITHOUT"
+    fi
+}
+
+prepare_dirs() {
+    local d
+    for d in "${S_EMPTY[@]}"; do rm_inside "$(abs "$d")"; done
+    for d in "${S_MKDIRS[@]}"; do [ -e "$(abs "$d")" ] || mkdir -p "$(abs "$d")"; done
+}
+
+# Wait until each dependency meets its condition. Fails if one fails.
+wait_dependencies() {
+    local dep name cond st
+    for dep in "${S_DEPENDS[@]}"; do
+        name=${dep%%:*} cond=${dep#*:}
+        while :; do
+            st=""
+            { IFS= read -r st || true; } 2>/dev/null <"$RUNDIR/$name.status"
+            case "$cond:$st" in
+                service_started:started | service_started:healthy | service_started:completed\ 0) break ;;
+                service_healthy:healthy) break ;;
+                service_completed_successfully:completed\ 0) break ;;
+                *:failed* | service_completed_successfully:completed\ *)
+                    echo "dependency $name did not become ${cond#service_} ($st)"
+                    return 1
+                    ;;
+            esac
+            nap 0.05
+        done
+    done
+}
+
+# One service of `up`, started in the background: a failure shows in its progress too.
+up_one() {
+    start_service "$1" && return 0
+    local st
+    st=$(get_status "$1")
+    progress "$1" "failed: ${st#failed }"
+    return 1
+}
+
+# Start service $1 once its dependencies meet their conditions, and wait until it runs, listens
+# on its required endpoints and (with a healthcheck) is healthy. Its status file says how it went
+# ("failed REASON" when it did not), its progress line what it is doing. With $2 = restart (a
+# restart, by hand or by the supervisor) its dependencies are not waited for, as in Compose.
+start_service() {
+    local name=$1 reason held i already=0
+    load_service "$name"
+    [ "${2:-}" = restart ] && S_DEPENDS=()
+    [ ${#S_DEPENDS[@]} -gt 0 ] && progress "$name" "waiting for $(depends_text)"
+    if ! reason=$(wait_dependencies); then
+        set_status "$name" "failed $reason"
+        return 1
+    fi
+    set_status "$name" starting
+    service_state
+    if [ "$STATE_NOW" = running ]; then
+        progress "$name" "already running"
+        already=1
+    else
+        if [ "$STATE_NOW" = exited ]; then
+            remove_instance
+            wait_reaped "$STARTER"
+        fi
+        [ -f "$S_SIF" ] || { set_status "$name" "failed image $S_SIF is missing (run: ./run.sh build)"; return 1; }
+        if [ "$S_ONESHOT" = 0 ]; then
+            held=$(endpoints_taken "$name")
+            if [ -n "$held" ]; then
+                set_status "$name" "failed endpoint ${held%%$'\n'*} (convert again here to re-plan)"
+                return 1
+            fi
+        fi
+        prepare_dirs
+        clear_logs
+        rm -f "$RUNDIR/$name.stopped"
+        runtime_flags
+        if [ "$S_ONESHOT" = 1 ]; then
+            progress "$name" "running to completion"
+            "$RT" exec "${START_FLAGS[@]}" "$S_SIF" /.singularity.d/startscript >"$STATE/logs/$name.log" 2>&1
+            local rc=$?
+            set_status "$name" "completed $rc"
+            [ "$rc" = 0 ] || { set_status "$name" "failed exited with code $rc"; return 1; }
+            progress "$name" completed
+            return 0
+        fi
+        progress "$name" "starting instance $S_INSTANCE"
+        if ! "$RT" instance start "${START_FLAGS[@]}" "$S_SIF" "$S_INSTANCE" >"$STATE/logs/$name.start.log" 2>&1; then
+            set_status "$name" "failed instance start: $(grep -v '^INFO' "$STATE/logs/$name.start.log" | head -n 2 | tr '\n' ' ')"
+            return 1
+        fi
+        refresh_instance
+        record_helpers
+        # the start script runs as soon as the instance is up: a moment for it to show
+        for ((i = 0; i < 20; i++)); do
+            service_running && break
+            nap 0.05
+        done
+        if ! service_running; then
+            set_status "$name" "failed exited right after start (exit code $(exit_code))"
+            return 1
+        fi
+    fi
+    set_status "$name" started
+    if [ ${#S_HEALTH[@]} -gt 0 ]; then
+        progress "$name" "waiting for health"
+        if ! reason=$(wait_healthy); then
+            set_status "$name" "failed $reason"
+            return 1
+        fi
+        set_status "$name" healthy
+        progress "$name" healthy
+    elif ! reason=$(wait_listening "${C2S_LISTEN_TIMEOUT:-60}"); then
+        set_status "$name" "failed $reason"
+        return 1
+    elif [ "$already" = 0 ]; then
+        progress "$name" running
+    fi
+    return 0
+}
+
+# The services to start: the ones asked for and everything they depend on, in start order.
+closure() {
+    local wanted=("$@") name dep changed=1 out=()
+    [ ${#wanted[@]} -eq 0 ] && { printf '%s\n' "${SERVICES[@]}"; return; }
+    declare -A in=()
+    for name in "${wanted[@]}"; do load_service "$name"; in[$name]=1; done
+    while [ $changed = 1 ]; do
+        changed=0
+        for name in "${!in[@]}"; do
+            load_service "$name"
+            for dep in "${S_DEPENDS[@]}"; do
+                dep=${dep%%:*}
+                [ -n "${in[$dep]:-}" ] || { in[$dep]=1; changed=1; }
+            done
+        done
+    done
+    for name in "${SERVICES[@]}"; do [ -n "${in[$name]:-}" ] && out+=("$name"); done
+    printf '%s\n' "${out[@]}"
+}

@@ -1,0 +1,72 @@
+"""What the whole suite shares: the --e2e option, and fixtures more than one module uses.
+
+`python3 -m pytest -q` runs the unit tests. The end-to-end tests (tests/e2e, marked e2e: real
+Apptainer on the test bed that tests/e2e/provision.sh builds as root) run only with --e2e."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, STANDIN
+
+E2E_DIR = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--e2e", action="store_true",
+                     help="also run the end-to-end tests (tests/e2e: as root, on the Apptainer test bed)")
+
+
+def pytest_collection_modifyitems(config, items):
+    e2e = []
+    for item in items:
+        if E2E_DIR in item.path.parents and item.get_closest_marker("e2e") is None:
+            raise pytest.UsageError(f"{item.nodeid}: a test under tests/e2e must be marked e2e "
+                                    "(pytestmark = pytest.mark.e2e)")
+        if item.get_closest_marker("e2e") is not None:
+            e2e.append(item)
+    if e2e and not config.getoption("--e2e"):
+        config.hook.pytest_deselected(items=e2e)
+        items[:] = [item for item in items if item.get_closest_marker("e2e") is None]
+        config.stash[_E2E_LEFT_OUT] = len(e2e)
+
+
+_E2E_LEFT_OUT = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    left_out = config.stash.get(_E2E_LEFT_OUT, 0)
+    if left_out:
+        terminalreporter.write_line(f"{left_out} end-to-end tests left out: add --e2e to run them (as root)")
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A converted two-service project (db with a healthcheck, web depending on it) whose run.sh
+    runs on the RECORDING STAND-IN for apptainer; its `instance list --json` answers what the test
+    writes to the listing file. Gives (directory, run(*args) of run.sh, the listing file)."""
+    (tmp_path / "compose.yaml").write_text(PS_DOWN_COMPOSE)
+    subprocess.run(["python3", "-m", "compose2sif", "-f", str(tmp_path / "compose.yaml"), "convert", "--offline", "-o",
+                    str(tmp_path / "out")], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    listing = tmp_path / "listing.json"
+    listing.write_text('{"instances": []}')
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "C2S_RUNTIME": str(STANDIN),
+           "C2S_RECORD": str(tmp_path / "record"), "C2S_STANDIN_LIST": str(listing)}
+    run = lambda *args: subprocess.run([str(tmp_path / "out" / "run.sh"), *args], env=env,  # noqa: E731
+                                       capture_output=True, text=True, timeout=60)
+    return tmp_path, run, listing
+
+
+PS_DOWN_COMPOSE = """name: t
+services:
+  db:
+    image: busybox
+    expose: ["5432"]
+    healthcheck: {test: [CMD, "true"], interval: 30s}
+  web:
+    image: busybox
+    depends_on: [db]
+    ports: ["127.0.0.1:18089:8080"]
+    stop_grace_period: 1s
+"""

@@ -1,0 +1,276 @@
+"""Each file of run/ on its own, and each verb of run.sh from its own file: bash sources the project's
+data (the generated header of a converted run.sh), run/lib/*.sh and run/cmd/VERB.sh only, then calls
+cmd_VERB. The runtime is the RECORDING STAND-IN (tests/standins/recording-standin-apptainer): it
+records its argv and answers `instance list --json` with the file the test writes, so the checks
+are on what a verb asks of the runtime and what it tells the user. The real runtime runs the
+verbs on the test bed (tests/e2e)."""
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from compose2sif import render
+
+REPO = Path(__file__).resolve().parent.parent
+RUN = REPO / "run"
+STANDIN = REPO / "tests" / "standins" / "recording-standin-apptainer"
+ENGINE_MARKER = "# ---- the engine (the same for every project"
+
+# (no ports: what listens on this machine, e2e test beds included, must not matter here)
+COMPOSE = """name: v
+services:
+  db:
+    image: busybox
+  web:
+    build: ./web
+    restart: always
+    depends_on: [db]
+"""
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """The project converted once; out/header.sh is its run.sh's header alone."""
+    root = tmp_path_factory.mktemp("converted")
+    (root / "compose.yaml").write_text(COMPOSE)
+    (root / "web").mkdir()
+    (root / "web" / "Dockerfile").write_text("FROM busybox\nCMD [\"sleep\", \"300\"]\n")
+    subprocess.run(["python3", "-m", "compose2sif", "-f", str(root / "compose.yaml"), "convert", "--offline",
+                    "-o", str(root / "out")], check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
+    text = (root / "out" / "run.sh").read_text()
+    (root / "out" / "header.sh").write_text(text[:text.index(ENGINE_MARKER)])
+    return root / "out"
+
+
+@pytest.fixture
+def project(converted, tmp_path):
+    """A copy of the converted project for one test (its run.sh finds everything from where it is)."""
+    shutil.copytree(converted, tmp_path / "out", symlinks=True)
+    (tmp_path / "listing.json").write_text('{"instances": []}')
+    return tmp_path
+
+
+def run_verb(tmp_path, verb_file, *call, background=False, **env_extra):
+    """bash: the header, run/lib/*.sh, run/cmd/VERB_FILE.sh, then the words of `call`."""
+    script = (f'source {tmp_path}/out/header.sh && for f in {RUN}/lib/*.sh; do source "$f"; done && '
+              f'source {RUN}/cmd/{verb_file}.sh && "$@"')
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "C2S_RUNTIME": str(STANDIN),
+           "C2S_RECORD": str(tmp_path / "record"), "C2S_STANDIN_LIST": str(tmp_path / "listing.json"), **env_extra}
+    argv = ["bash", "-c", script, "bash", *call]
+    if background:
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+
+def service(tmp_path, name, *fields):
+    """The values the header gives service NAME (S_SIF, S_INSTANCE, ...), with HERE resolved."""
+    script = f'source {tmp_path}/out/header.sh; load_service "$1"; shift; for v in "$@"; do printf "%s\\n" "${{!v}}"; done'
+    proc = subprocess.run(["bash", "-c", script, "bash", name, *fields], capture_output=True, text=True, check=True)
+    return proc.stdout.splitlines()
+
+
+def calls(tmp_path):
+    record = tmp_path / "record"
+    return [c.split("\0")[:-1] for c in record.read_text().split("\036") if c] if record.exists() else []
+
+
+def listing(tmp_path, **entries):
+    (tmp_path / "listing.json").write_text(json.dumps({"instances": [{"instance": k, **v} for k, v in entries.items()]}))
+
+
+# ---- the files --------------------------------------------------------------------------------------
+
+def test_run_sh_is_the_files_of_run_joined_in_their_documented_order():
+    files = render.engine_files()
+    on_disk = sorted(p.relative_to(RUN).as_posix() for p in RUN.rglob("*.sh"))
+    assert sorted(files) == on_disk  # every file is joined, once
+    assert files[-1] == "main.sh" and files.index("cmd/build.sh") > files.index("lib/storage.sh")
+    assert all(len((RUN / f).read_text().splitlines()) <= 600 for f in files)
+
+
+@pytest.mark.parametrize("rel", sorted(p.relative_to(RUN).as_posix() for p in RUN.rglob("*.sh")))
+def test_each_file_sources_on_its_own_and_runs_nothing(rel, tmp_path):
+    proc = subprocess.run(["bash", "-c", f'cd {tmp_path}; source {RUN}/{rel} ps; echo "sourced $?"'],
+                          capture_output=True, text=True, timeout=10)
+    assert proc.stdout == "sourced 0\n" and proc.stderr == "", proc
+    assert os.listdir(tmp_path) == []  # (main.sh's main would have run `ps` and made a state directory)
+
+
+def test_each_file_is_shellcheck_clean():
+    if shutil.which("shellcheck") is None:
+        if os.environ.get("CI"):
+            pytest.fail("shellcheck is not installed (.ci/run installs it)")
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    files = sorted(p.relative_to(RUN).as_posix() for p in RUN.rglob("*.sh"))
+    proc = subprocess.run(["shellcheck", *files], cwd=RUN, capture_output=True, text=True)  # (run/.shellcheckrc)
+    assert proc.returncode == 0, proc.stdout
+
+
+# ---- the verbs --------------------------------------------------------------------------------------
+
+def test_ps_shows_each_service_and_what_a_killed_run_left(project):
+    rundir = project / "out" / "state" / "run"
+    rundir.mkdir(parents=True)
+    (rundir / "db.status").write_text("started\n")  # as a run killed while db ran leaves it
+    proc = run_verb(project, "ps", "cmd_ps")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    assert rows[0] == ["SERVICE", "INSTANCE", "STATE", "HEALTH", "ADDRESS:PORT", "UPTIME"]
+    assert [r[0] for r in rows[1:]] == ["db", "web"] and rows[1][2] == "exited" and rows[2][2] == "stopped", rows
+    assert "db: ended without `down`" in proc.stderr
+    proc = run_verb(project, "ps", "cmd_ps", "--format", "json")
+    states = {row["service"]: (row["state"], row["instance"]) for row in json.loads(proc.stdout)}
+    assert states == {"db": ("exited", "v-db"), "web": ("stopped", "v-web")}, proc.stdout
+    assert [c[:3] for c in calls(project)] == [["--version"], ["instance", "list", "--json"]] * 2
+
+
+def test_down_stops_marks_and_with_v_removes_the_volumes(project):
+    state = project / "out" / "state"
+    (state / "run").mkdir(parents=True)
+    (state / "volumes" / "data").mkdir(parents=True)
+    (state / "run" / "db.status").write_text("healthy\n")
+    proc = run_verb(project, "down", "cmd_down", "-v")
+    assert proc.returncode == 0, proc.stderr
+    assert not (state / "volumes").exists() and not (state / "run" / "db.status").exists()
+    assert (state / "run" / "db.stopped").exists() and (state / "run" / "web.stopped").exists()
+    assert "db: ended without `down`" in proc.stderr and "removing volumes" in proc.stderr
+    assert not [c for c in calls(project) if c[:2] == ["instance", "stop"]]  # no instance was left to stop
+
+
+def test_up_starts_an_instance_with_the_services_env_and_reports_one_that_ends_at_once(project):
+    sif, instance, env_file = service(project, "db", "S_SIF", "S_INSTANCE", "S_ENV")
+    Path(sif).parent.mkdir(exist_ok=True)
+    Path(sif).write_text("")  # (the stand-in runs nothing from it)
+    proc = run_verb(project, "up", "cmd_up", "-d", "db")
+    assert proc.returncode == 1
+    assert "run.sh: service db failed: exited right after start" in proc.stderr, proc.stderr
+    [start] = [c for c in calls(project) if c[:2] == ["instance", "start"]]
+    assert start[-2:] == [sif, instance]
+    assert start[2:6] == ["--cleanenv", "--no-eval", "--env-file", env_file], start
+    assert ["--bind", f"{project}/out/state/hosts:/etc/hosts:ro"] == start[6:8]
+    proc = run_verb(project, "up", "cmd_up", "-d", "nosuch")
+    assert proc.returncode == 1 and "no such service: nosuch" in proc.stderr
+
+
+def test_restart_stops_then_starts_the_service(project):
+    sif, instance = service(project, "db", "S_SIF", "S_INSTANCE")
+    Path(sif).parent.mkdir(exist_ok=True)
+    Path(sif).write_text("")
+    proc = run_verb(project, "restart", "cmd_restart", "db")
+    assert proc.returncode == 1 and "run.sh: db: failed exited right after start" in proc.stderr, proc.stderr
+    starts = [c for c in calls(project) if c[:2] == ["instance", "start"]]
+    assert len(starts) == 1 and starts[0][-1] == instance
+    assert not (project / "out" / "state" / "run" / "db.stopped").exists()  # the start took the stop's mark away
+    assert run_verb(project, "restart", "cmd_restart").stderr.strip() == "run.sh: restart: name a service"
+
+
+def test_restart_does_not_wait_for_the_dependencies(project):
+    """`restart web` while db has no status (stopped, or never started by this run): Compose restarts
+    web at once; before, run.sh waited on db's status file forever."""
+    sif, instance = service(project, "web", "S_SIF", "S_INSTANCE")
+    Path(sif).parent.mkdir(exist_ok=True)
+    Path(sif).write_text("")
+    proc = run_verb(project, "restart", "cmd_restart", "web")  # run_verb's timeout fails a hang
+    assert "waiting for db" not in proc.stderr, proc.stderr
+    starts = [c for c in calls(project) if c[:2] == ["instance", "start"]]
+    assert len(starts) == 1 and starts[0][-1] == instance, calls(project)
+
+def test_logs_prints_the_log_the_runtime_names(project):
+    (project / "db.out").write_text("hello from db\n")
+    listing(project, **{"v-db": {"pid": 1, "logOutPath": str(project / "db.out"), "logErrPath": ""}})
+    proc = run_verb(project, "logs", "cmd_logs", "db")
+    assert proc.returncode == 0 and proc.stdout == "hello from db\n", proc.stderr
+    listing(project)
+    proc = run_verb(project, "logs", "cmd_logs", "web")
+    assert proc.returncode == 1 and "no logs for web yet" in proc.stderr
+
+
+def test_exec_runs_the_command_in_the_instance_with_the_services_env(project):
+    env_file, workdir = service(project, "db", "S_ENV", "S_WORKDIR")
+    proc = run_verb(project, "exec", "cmd_exec", "db", "echo", "hi")
+    assert proc.returncode == 1 and "db is not running" in proc.stderr
+    # a STAND-IN instance: an "init" whose child is its start script
+    init = subprocess.Popen(["bash", "-c", "sleep 60 & wait"])
+    try:
+        for _ in range(100):
+            if Path(f"/proc/{init.pid}/task/{init.pid}/children").read_text().strip():
+                break
+            time.sleep(0.02)
+        listing(project, **{"v-db": {"pid": init.pid}})
+        proc = run_verb(project, "exec", "cmd_exec", "db", "echo", "hi")
+        assert proc.returncode == 0, proc.stderr
+        pwd = ["--pwd", workdir] if workdir else []
+        assert calls(project)[-1] == ["exec", "--cleanenv", "--no-eval", "--env-file", env_file, *pwd,
+                                      "instance://v-db", "echo", "hi"]
+    finally:
+        init.kill()
+        init.wait()
+
+
+def test_build_builds_into_the_cache_under_the_definitions_digest(project):
+    storage = project / "storage"
+    key = Path(service(project, "web", "S_SIF")[0]).stem
+    definition = project / "out" / "definitions" / f"{key}.def"
+    digest = hashlib.sha256(definition.read_bytes()).hexdigest()
+    proc = run_verb(project, "build", "cmd_build", C2S_STORAGE=str(storage))
+    # the stand-in writes no SIF: every build fails, is retried alone, and its log is shown
+    assert proc.returncode == 1 and f"building image {key} failed" in proc.stderr, proc.stderr
+    builds = [c for c in calls(project) if c[:1] == ["build"] and c[-1] == str(definition)]
+    assert len(builds) == 2, calls(project)  # the build, then its retry alone
+    assert builds[0][1] == "--force" and builds[0][-2].startswith(f"{storage}/sif/{digest}.sif."), builds[0]
+    assert run_verb(project, "build", "cmd_build", "--pul").stderr.strip() == \
+        "run.sh: build: unknown argument --pul (usage: build [--pull])"
+
+
+def test_pull_leaves_built_images_alone(project):
+    proc = run_verb(project, "pull", "cmd_pull", "web")
+    assert proc.returncode == 0 and "pull: web is built, not pulled" in proc.stderr, proc.stderr
+    assert "pull: no image to pull for web" in proc.stderr
+    assert calls(project) == []  # nothing asked of the runtime or the registry
+    proc = run_verb(project, "pull", "cmd_pull", "--all")
+    assert proc.returncode == 1 and "pull: unknown option --all" in proc.stderr
+
+
+def test_storage_tells_doctor_where_sifs_and_caches_go(project):
+    storage = project / "storage"
+    proc = run_verb(project, "storage", "cmd_storage", C2S_STORAGE=str(storage))
+    rows = [line.split("\t") for line in proc.stdout.splitlines()]
+    assert rows[0] == ["storage", str(storage), "set by C2S_STORAGE"], rows
+    assert rows[1] == ["SIF cache", f"{storage}/sif", ""] and rows[2][:2] == ["build cache", f"{storage}/cache"]
+
+
+def test_supervise_restarts_an_ended_service_until_another_supervisor_takes_over(project):
+    sif, instance = service(project, "web", "S_SIF", "S_INSTANCE")
+    Path(sif).parent.mkdir(exist_ok=True)
+    Path(sif).write_text("")
+    rundir = project / "out" / "state" / "run"
+    rundir.mkdir(parents=True)
+    (rundir / "supervised").write_text("web\n")
+    (rundir / "db.status").write_text("started\n")  # web's dependency, as `up` left it
+    (rundir.parent / "logs").mkdir()
+    pid_file = rundir / "supervisor.pid"
+    # as `up -d` does before the supervisor looks: supervisor.pid names it
+    supervisor = run_verb(project, "supervise", "eval", 'echo "$BASHPID 0" >"$RUNDIR/supervisor.pid"; cmd_supervise',
+                          background=True)
+    try:
+        for _ in range(300):
+            if any(c[:2] == ["instance", "start"] for c in calls(project)):
+                break
+            time.sleep(0.05)
+        assert [c[-1] for c in calls(project) if c[:2] == ["instance", "start"]][:1] == [instance]
+        pid_file.write_text("1 0\n")  # another `up` took over: this supervisor ends at its next cycle
+        _, err = supervisor.communicate(timeout=20)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # (nothing is left of a supervisor that ended)
+            os.killpg(supervisor.pid, signal.SIGKILL)
+    assert supervisor.returncode == 0, err
+    assert "web ended (exit code unknown); restarting (restart: always)" in err, err
