@@ -473,3 +473,18 @@ def test_healthcheck_passwords_leave_the_command_line_or_are_warned_about(tmp_pa
     assert stat.S_IMODE((out / "env" / "db.health.env").stat().st_mode) == 0o600
     warnings = [line for line in proc.stderr.splitlines() if "passes a password on a command line" in line]
     assert len(warnings) == 1 and "'shell'" in warnings[0], proc.stderr
+
+
+@pytest.mark.parametrize("health", [["CMD-SHELL", "curl -fs http://admin:s3cret-url@127.0.0.1/ || exit 1"],
+                                    ["CMD", "probe", "--password", "s3cret-word", "it's"]])
+def test_a_probe_s_words_reach_the_instance_on_stdin_not_on_a_command_line(tmp_path, health):
+    """health_once from run/lib, with the runtime the RECORDING STAND-IN (it records argv): the probe's
+    words, a password among them, are not in the runtime's argv; the instance's sh reads them."""
+    script = ('for f in run/lib/*.sh; do source "$f"; done; NSENTER=none RT="$1"; shift; '
+              'S_HEALTH_TIMEOUT=5 S_ENV=/nonexistent/app.env ENV_SUFFIX="" S_INSTANCE=v-app S_WORKDIR=/w; '
+              'S_HEALTH=("$@"); health_once')
+    proc = subprocess.run(["bash", "-c", script, "bash", str(STANDIN), *health], cwd=REPO, capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin", "C2S_RECORD": str(tmp_path / "record")})
+    assert proc.returncode == 0, proc.stderr
+    argv = (tmp_path / "record").read_text()
+    assert "instance://v-app\0/bin/sh\0-c\0" in argv and "s3cret" not in argv, argv
