@@ -45,11 +45,12 @@ probe_entering() {
 # The probe's words reach the instance's sh on standard input (a here-string: a pipe or a private
 # temporary file), never on a command line: on a shared node every user reads /proc/PID/cmdline,
 # and a healthcheck often carries a password. CMD's words are quoted for that sh by construction.
+# shellcheck disable=SC2016  # $1 and $(cat) are the probe's sh's own
 PROBE_SH='cd "$1" 2>/dev/null; eval "$(cat)"'
 health_once() {
     local script word rc
     case "${S_HEALTH[0]:-NONE}" in
-        CMD) script=exec
+        CMD) script="exec"
              for word in "${S_HEALTH[@]:1}"; do script+=" '${word//\'/\'\\\'\'}'"; done ;;
         CMD-SHELL) script=${S_HEALTH[1]} ;;
         *) return 0 ;;
