@@ -124,13 +124,21 @@ volumes: {vol: {name: "../../victim"}}
 """, "", "compose.yaml"),
     ("name-collision", "services:\n  a-b:\n    image: busybox\n  a_b:\n    image: busybox\n  a.b:\n    image: busybox\n",
      "", "compose.yaml"),
-    ("tmpfs-and-hosts", """services:
+    ("tmpfs-and-user", """services:
   app:
     image: busybox
     tmpfs: ["/t$$(touch {S})"]
-    extra_hosts: ["h$$(touch {S}):127.0.0.1"]
-    hostname: "h$$(touch {S})"
     user: "1000$$(touch {S})"
+""", "", "compose.yaml"),
+    ("hostname", """services:
+  app:
+    image: busybox
+    hostname: "h$$(touch {S})"
+""", "", "compose.yaml"),
+    ("extra-host", """services:
+  app:
+    image: busybox
+    extra_hosts: ["h$$(touch {S}):127.0.0.1"]
 """, "", "compose.yaml"),
     ("dotenv-values", """services:
   app:
@@ -275,7 +283,8 @@ REFUSED = {"restart-arithmetic":
            "additional properties", "service-name-quote": "additional properties", "project-newline":
            "invalid project name", "project-traversal": "invalid project name", "image-newline": "control character",
            "build-arg-newline": "control character", "volume-subpath": "leads outside state/",
-           "bind-path-separators": "apptainer's --bind reads as a separator", "secret-file": "is not a file"}
+           "bind-path-separators": "apptainer's --bind reads as a separator", "secret-file": "is not a file",
+           "hostname": "services.app.hostname: 'h$(touch", "extra-host": "services.app.extra_hosts: 'h$(touch"}
 
 
 CASE_BY_NAME = {case[0]: case for case in CASES}
