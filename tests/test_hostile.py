@@ -124,13 +124,21 @@ volumes: {vol: {name: "../../victim"}}
 """, "", "compose.yaml"),
     ("name-collision", "services:\n  a-b:\n    image: busybox\n  a_b:\n    image: busybox\n  a.b:\n    image: busybox\n",
      "", "compose.yaml"),
-    ("tmpfs-and-hosts", """services:
+    ("tmpfs-and-user", """services:
   app:
     image: busybox
     tmpfs: ["/t$$(touch {S})"]
-    extra_hosts: ["h$$(touch {S}):127.0.0.1"]
-    hostname: "h$$(touch {S})"
     user: "1000$$(touch {S})"
+""", "", "compose.yaml"),
+    ("hostname", """services:
+  app:
+    image: busybox
+    hostname: "h$$(touch {S})"
+""", "", "compose.yaml"),
+    ("extra-host", """services:
+  app:
+    image: busybox
+    extra_hosts: ["h$$(touch {S}):127.0.0.1"]
 """, "", "compose.yaml"),
     ("dotenv-values", """services:
   app:
@@ -275,7 +283,8 @@ REFUSED = {"restart-arithmetic":
            "additional properties", "service-name-quote": "additional properties", "project-newline":
            "invalid project name", "project-traversal": "invalid project name", "image-newline": "control character",
            "build-arg-newline": "control character", "volume-subpath": "leads outside state/",
-           "bind-path-separators": "apptainer's --bind reads as a separator", "secret-file": "is not a file"}
+           "bind-path-separators": "apptainer's --bind reads as a separator", "secret-file": "is not a file",
+           "hostname": "services.app.hostname: 'h$(touch", "extra-host": "services.app.extra_hosts: 'h$(touch"}
 
 
 CASE_BY_NAME = {case[0]: case for case in CASES}
@@ -473,3 +482,18 @@ def test_healthcheck_passwords_leave_the_command_line_or_are_warned_about(tmp_pa
     assert stat.S_IMODE((out / "env" / "db.health.env").stat().st_mode) == 0o600
     warnings = [line for line in proc.stderr.splitlines() if "passes a password on a command line" in line]
     assert len(warnings) == 1 and "'shell'" in warnings[0], proc.stderr
+
+
+@pytest.mark.parametrize("health", [["CMD-SHELL", "curl -fs http://admin:s3cret-url@127.0.0.1/ || exit 1"],
+                                    ["CMD", "probe", "--password", "s3cret-word", "it's"]])
+def test_a_probe_s_words_reach_the_instance_on_stdin_not_on_a_command_line(tmp_path, health):
+    """health_once from run/lib, with the runtime the RECORDING STAND-IN (it records argv): the probe's
+    words, a password among them, are not in the runtime's argv; the instance's sh reads them."""
+    script = ('for f in run/lib/*.sh; do source "$f"; done; NSENTER=none RT="$1"; shift; '
+              'S_HEALTH_TIMEOUT=5 S_ENV=/nonexistent/app.env ENV_SUFFIX="" S_INSTANCE=v-app S_WORKDIR=/w; '
+              'S_HEALTH=("$@"); health_once')
+    proc = subprocess.run(["bash", "-c", script, "bash", str(STANDIN), *health], cwd=REPO, capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin", "C2S_RECORD": str(tmp_path / "record")})
+    assert proc.returncode == 0, proc.stderr
+    argv = (tmp_path / "record").read_text()
+    assert "instance://v-app\0/bin/sh\0-c\0" in argv and "s3cret" not in argv, argv

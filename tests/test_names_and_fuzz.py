@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,64 @@ def test_a_dependency_chain_longer_than_the_recursion_limit_loads(tmp_path):
     project = load_project(ProjectOptions(cwd=str(tmp_path), environ={"PATH": "/usr/bin:/bin"}))
     assert len(project.config["services"]) == 1500
     assert project.config["services"]["s0"]["depends_on"] == {"s1": {"condition": "service_started", "required": True}}
+
+
+# ---- names the engine or Apptainer would refuse at start, refused at load time --------------------
+
+@pytest.mark.parametrize("key, value, wording", [
+    ("container_name", "--all", "services.app.container_name: '--all' does not match pattern "
+                                "'[a-zA-Z0-9][a-zA-Z0-9_.-]+'"),
+    ("container_name", "x" * 251, "services.app.container_name: instance name"),
+    ("hostname", "--all", "services.app.hostname: '--all' does not match pattern '[a-zA-Z0-9_][a-zA-Z0-9_.-]*'"),
+    ("hostname", 'web c"$(touch x)"', "services.app.hostname: 'web c\"$(touch x)\"' does not match pattern"),
+    ("hostname", "h" * 65, "services.app.hostname: \"" + "h" * 40 + "...\" is 65 characters long; at most 64"),
+    ("extra_hosts", ["-x:1.2.3.4"], "services.app.extra_hosts: '-x' does not match pattern"),
+    ("extra_hosts", ["x:1.2.3.4 evil"], 'services.app.extra_hosts: invalid IP address in add-host: "1.2.3.4 evil"'),
+    ("networks", {"default": {"aliases": ["a b"]}}, "services.app.networks.default.aliases: 'a b' does not match"),
+])
+def test_names_refused_at_load_time_in_one_line(tmp_path, key, value, wording):
+    (tmp_path / "compose.yaml").write_text(yaml.safe_dump({"services": {"app": {"image": "a", key: value}}}))
+    with pytest.raises(ComposeError) as caught:
+        load_project(ProjectOptions(cwd=str(tmp_path), environ={"PATH": "/usr/bin:/bin"}))
+    message = str(caught.value)
+    assert wording in message and message.startswith(f"{tmp_path / 'compose.yaml'}:"), message
+
+
+def test_a_service_name_too_long_for_a_file_name_is_refused(tmp_path):
+    (tmp_path / "compose.yaml").write_text(f"services:\n  {'a' * 300}:\n    image: a\n")
+    with pytest.raises(ComposeError, match="service name is 300 characters long; at most 200"):
+        load_project(ProjectOptions(cwd=str(tmp_path), environ={"PATH": "/usr/bin:/bin"}))
+
+
+@oracle_mark()
+def test_container_name_refused_by_the_schema_is_worded_as_compose_words_it(tmp_path):
+    (tmp_path / "compose.yaml").write_text("services:\n  app:\n    image: a\n    container_name: 'a b'\n")
+    rc, _, theirs = run_oracle([], tmp_path, base_env({}))
+    assert rc != 0 and "services.app.container_name 'a b' does not match pattern '[a-zA-Z0-9][a-zA-Z0-9_.-]+'" in theirs
+    rc, _, ours = run_ours([], tmp_path, base_env({}))
+    assert rc != 0 and "services.app.container_name: 'a b' does not match pattern '[a-zA-Z0-9][a-zA-Z0-9_.-]+'" in ours
+
+
+# ---- YAML alias bombs ------------------------------------------------------------------------------
+
+def _alias_bomb(levels: int) -> str:
+    lines = ['x-a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"x-a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\nservices:\n  a:\n    image: a\n"
+
+
+def test_an_alias_bomb_is_refused_quickly_as_go_yaml_refuses_it(tmp_path):
+    (tmp_path / "compose.yaml").write_text(_alias_bomb(6))  # about 400 bytes, 10 million nodes expanded
+    started = time.monotonic()
+    with pytest.raises(ComposeError, match="yaml: document contains excessive aliasing"):
+        load_project(ProjectOptions(cwd=str(tmp_path), environ={"PATH": "/usr/bin:/bin"}))
+    assert time.monotonic() - started < 2
+
+
+def test_a_shared_anchor_within_go_yaml_s_ratio_loads(tmp_path):
+    # 30 services merging one 50-label anchor: about 3,000 of 3,200 decoded nodes come through aliases
+    labels = "".join(f"\n    l{i}: v" for i in range(50))
+    services = "".join(f"\n  s{i}:\n    <<: *common\n    image: a" for i in range(30))
+    (tmp_path / "compose.yaml").write_text(f"x-common: &common\n  labels:{labels}\nservices:{services}\n")
+    project = load_project(ProjectOptions(cwd=str(tmp_path), environ={"PATH": "/usr/bin:/bin"}))
+    assert len(project.config["services"]["s29"]["labels"]) == 50

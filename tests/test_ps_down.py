@@ -92,7 +92,7 @@ def test_down_signals_the_service_then_ends_the_whole_instance_tree(project):
         calls = [c.split("\0")[:-1] for c in (tmp_path / "record").read_text().split("\036") if c]
         stops = [c for c in calls if c[:2] == ["instance", "stop"]]
         # the tree was ended here; the process that is no instance's init was left to the runtime
-        assert stops == [["instance", "stop", "-t", "0", "t-web"]], stops
+        assert stops == [["instance", "stop", "-t", "0", "--", "t-web"]], stops
         assert ["instance", "list"] in calls  # it deletes the records of the instances ended here
     finally:
         other.kill()

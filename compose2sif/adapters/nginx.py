@@ -14,6 +14,7 @@ import re
 from typing import Dict, List, Set, Tuple
 
 from compose2sif.adapters.base import Adapter, Draft
+from compose2sif.errors import ComposeError
 from compose2sif.types import Bind, Knob
 
 
@@ -104,8 +105,14 @@ def _without_docker_resolver(text: str, draft: Draft) -> str:
 
 
 def _render_file(path: str, draft: Draft, env: Dict[str, str], template: bool) -> str:
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        text = fh.read().replace("\r\n", "\n")
+    where = f"services.{draft.service.name}.volumes"
+    if not os.path.isfile(path):  # a FIFO or a device would block or never end
+        raise ComposeError(f"{path}: mounted into nginx's configuration, but not a regular file", path=where)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read().replace("\r\n", "\n")
+    except OSError as exc:
+        raise ComposeError(f"{path}: cannot read it ({exc.strerror})", path=where) from None
     if template:
         text = envsubst(text, env)
     return rewrite_ports(text, draft)

@@ -3,6 +3,8 @@ services, networks, volumes, secrets and configs, mounts on one target, distinct
 dependency cycles (compose-go's loader/validate.go)."""
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Any, Dict, List
 
 from compose2sif.errors import ComposeError
@@ -67,6 +69,8 @@ def check_consistency(model: Dict[str, Any], disabled: Dict[str, Any]) -> None:
             raise ComposeError(f"can't set container_name and {attribute} as container name must be unique",
                                path=where)
     _check_container_names(services)
+    for name, service in services.items():
+        _check_names(model.get("name") or "", name, service)
     for name, secret in (model.get("secrets") or {}).items():
         if isinstance(secret, dict) and not secret.get("external") and not secret.get("file") \
                 and not secret.get("environment"):
@@ -86,6 +90,77 @@ def _check_container_names(services: Dict[str, Any]) -> None:
             raise ComposeError(f"container name {go_quote(container)} is already in use by service "
                                f"{go_quote(owners[container])}", path=f"services.{name}.container_name")
         owners[container] = name
+
+
+# Docker Engine anchors the pattern Compose's schema gives container_name (the schema's own is unanchored:
+# `--all` passes `config`, then the engine refuses it); Apptainer's instance names are a subset of it.
+CONTAINER_NAME = "[a-zA-Z0-9][a-zA-Z0-9_.-]+"
+# Host names go to the hosts file and to options on a command line: no leading '-' or '.', no blank.
+HOST_NAME = "[a-zA-Z0-9_][a-zA-Z0-9_.-]*"
+SERVICE_NAME_MAX = 200     # a service's name names files under the output directory (NAME_MAX 255 with suffixes)
+INSTANCE_NAME_MAX = 250    # Apptainer keeps an instance in NAME/NAME.json (NAME_MAX 255)
+HOSTNAME_MAX = 64          # the kernel's HOST_NAME_MAX: sethostname refuses more
+ALIAS_MAX = 253            # a DNS name
+
+
+def _refuse_pattern(path: str, value: str, pattern: str) -> ComposeError:
+    """Worded as the schema's own refusal of container_name (validate.py prints it so)."""
+    return ComposeError(f"{go_quote(value, chr(39))} does not match pattern {chr(39)}{pattern}{chr(39)}", path=path)
+
+
+def _check_names(project: str, name: str, service: Dict[str, Any]) -> None:
+    """Names Docker's engine or Apptainer would refuse when the service starts, refused now; what
+    reaches the hosts file is a host name."""
+    where = f"services.{name}"
+    if len(name) > SERVICE_NAME_MAX:
+        raise ComposeError(f"service name is {len(name)} characters long; at most {SERVICE_NAME_MAX} "
+                           "(it names files under the output directory)", path=where)
+    container = service.get("container_name")
+    if isinstance(container, str) and container:
+        if not re.fullmatch(CONTAINER_NAME, container):
+            raise _refuse_pattern(f"{where}.container_name", container, CONTAINER_NAME)
+        instance = container
+    else:
+        instance = f"{project}-{name}"
+    if len(instance) > INSTANCE_NAME_MAX:
+        raise ComposeError(f"instance name {go_quote(instance[:40] + '...')} is {len(instance)} characters long; "
+                           f"Apptainer takes at most {INSTANCE_NAME_MAX}", path=f"{where}.container_name"
+                           if isinstance(container, str) and container else where)
+    hostnames = [("hostname", service.get("hostname"), HOSTNAME_MAX)]
+    for network, config in (service.get("networks") or {}).items():
+        for alias in (config or {}).get("aliases") or [] if isinstance(config, dict) else []:
+            hostnames.append((f"networks.{network}.aliases", alias, ALIAS_MAX))
+    for host, ip in _extra_host_pairs(service.get("extra_hosts")):
+        hostnames.append(("extra_hosts", host, ALIAS_MAX))
+        for address in (ip if isinstance(ip, list) else str(ip).split(",")):
+            address = str(address).strip("[]")
+            if address and address != "host-gateway":
+                try:
+                    ipaddress.ip_address(address)
+                except ValueError:
+                    raise ComposeError(f"invalid IP address in add-host: {go_quote(address)}",
+                                       path=f"{where}.extra_hosts") from None
+    for key, value, limit in hostnames:
+        if not isinstance(value, str) or not value and key == "hostname":
+            continue
+        if not re.fullmatch(HOST_NAME, value):
+            raise _refuse_pattern(f"{where}.{key}", value, HOST_NAME)
+        if len(value) > limit:
+            raise ComposeError(f"{go_quote(value[:40] + '...')} is {len(value)} characters long; at most {limit}",
+                               path=f"{where}.{key}")
+
+
+def _extra_host_pairs(extra: Any) -> List[Any]:
+    """(host, ip or list of ips) of extra_hosts in either syntax; other shapes are encode's to refuse."""
+    if isinstance(extra, dict):
+        return list(extra.items())
+    pairs = []
+    for item in extra if isinstance(extra, list) else []:
+        if isinstance(item, str):
+            separator = "=" if "=" in item else ":"
+            host, _, ip = item.partition(separator)
+            pairs.append((host, ip))
+    return pairs
 
 
 def _check_resource_duplicates(name: str, service: Dict[str, Any]) -> None:

@@ -254,6 +254,7 @@ def load_documents(filename: str, text: str) -> List[Document]:
                 continue
             lines: Dict[Path, int] = {}
             _record_lines(node, (), lines, 4)
+            _check_aliasing(node)
             data = loader.construct_document(node)
             if data is None:
                 continue
@@ -274,6 +275,61 @@ def load_documents(filename: str, text: str) -> List[Document]:
     finally:
         loader.dispose()
     return documents
+
+
+# Go's YAML decoder (yaml.v3, which compose-go uses) refuses a billion-laughs document while decoding: once
+# more than 100 of more than 1000 decoded nodes came through aliases, their share may be at most 99% up to
+# 400,000 decoded nodes, falling linearly to 10% at 4,000,000.
+_ALIAS_RATIO_LOW, _ALIAS_RATIO_HIGH = 400_000, 4_000_000
+
+
+def _allowed_alias_ratio(decoded: int) -> float:
+    if decoded <= _ALIAS_RATIO_LOW:
+        return 0.99
+    if decoded >= _ALIAS_RATIO_HIGH:
+        return 0.10
+    return 0.99 - 0.89 * (decoded - _ALIAS_RATIO_LOW) / (_ALIAS_RATIO_HIGH - _ALIAS_RATIO_LOW)
+
+
+def _children(node) -> List[Any]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _check_aliasing(root) -> None:
+    """Count the nodes Go's decoder would decode, in its order, without expanding anything (an alias
+    is the very node object it names); refuse as it does. The ratio only rises within one alias's
+    expansion while the allowed ratio only falls, so checking at the end of each is enough."""
+    expanded: Dict[int, int] = {}   # id(node) -> nodes decoded for it, aliases expanded
+
+    def size(node) -> int:
+        stack = [(node, False)]
+        while stack:
+            current, done = stack.pop()
+            if id(current) in expanded:
+                continue
+            if done:
+                expanded[id(current)] = 1 + sum(expanded[id(c)] for c in _children(current))
+            else:
+                stack.append((current, True))
+                stack.extend((c, False) for c in _children(current) if id(c) not in expanded)
+        return expanded[id(node)]
+
+    seen: set = set()
+    decoded = aliased = 0
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:  # an alias: all of its target again
+            target = size(node)
+            decoded, aliased = decoded + 1 + target, aliased + target
+            if aliased > 100 and decoded > 1000 and aliased / decoded > _allowed_alias_ratio(decoded):
+                raise ComposeError("yaml: document contains excessive aliasing", line=node.start_mark.line + 1)
+            continue
+        seen.add(id(node))
+        decoded += 1
+        stack.extend(reversed(_children(node)))
 
 
 def is_timestamp(value: Any) -> bool:

@@ -75,8 +75,8 @@ def bound_texts(bind: Bind) -> List[Tuple[str, str, str]]:
     texts = []
     for path, target in files:
         try:
-            if os.path.getsize(path) > _TEXT_LIMIT:
-                continue
+            if not os.path.isfile(path) or os.path.getsize(path) > _TEXT_LIMIT:
+                continue  # a FIFO or a device would block or never end
             with open(path, "rb") as fh:
                 data = fh.read()
             if b"\0" in data:

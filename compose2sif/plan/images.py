@@ -19,6 +19,7 @@ from compose2sif.errors import ComposeError
 from compose2sif.model import Service
 from compose2sif.plan import dockerfile
 from compose2sif.plan.dockerfile import comment_text, header_value
+from compose2sif.plan.knobs import hints
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -92,7 +93,7 @@ def source_override(service: Service, cli_sources: Dict[str, str]) -> Optional[D
             raise ComposeError(f"--image-source {service.name}={cli_sources[service.name]}: "
                                f"expected KIND:PATH with KIND one of {', '.join(SOURCE_KINDS)}")
         return {kind: path}
-    hint = (service.extensions.get("x-compose2sif") or {}).get("image")
+    hint = hints(service).get("image")
     if hint is None:
         return None
     if not isinstance(hint, dict) or len(hint) != 1 or next(iter(hint)) not in SOURCE_KINDS:
@@ -280,6 +281,8 @@ def _build(service: Service, working_dir: str, mirror: Optional[str], local_imag
     else:
         name = os.path.join(context, _checked(build.get("dockerfile") or "Dockerfile", f"{where}.dockerfile"))
         try:
+            if os.path.exists(name) and not os.path.isfile(name):  # a FIFO would block
+                raise IsADirectoryError(0, "not a regular file")
             with open(name, "rb") as fh:
                 data = fh.read()
         except OSError as exc:

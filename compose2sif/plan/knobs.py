@@ -171,9 +171,14 @@ def apply_argv_edits(argv: List[str], edits: List[Tuple[Tuple[int, int, int], st
 
 def hints(service: Service) -> Dict[str, Any]:
     """The service's x-compose2sif mapping."""
+    path = f"services.{service.name}.x-compose2sif"
     found = service.extensions.get("x-compose2sif") or {}
     if not isinstance(found, dict):
-        raise ComposeError("must be a mapping", path=f"services.{service.name}.x-compose2sif")
+        raise ComposeError("must be a mapping", path=path)
+    writable = found.get("writable")
+    if writable is not None and not (isinstance(writable, list) and all(
+            isinstance(p, str) and p.startswith("/") and "\0" not in p for p in writable)):
+        raise ComposeError("must be a list of absolute paths", path=f"{path}.writable")
     return found
 
 
@@ -182,7 +187,13 @@ def _hint_knob(spec: Any, what: str, path: str) -> Optional[Knob]:
     if isinstance(spec, dict) and spec.get("fixed") is True and len(spec) == 1:
         return None
     if isinstance(spec, dict) and isinstance(spec.get("env"), str) and spec["env"]:
-        return Knob("env", spec["env"], str(spec.get("template", "{%s}" % what)))
+        template = spec.get("template", "{%s}" % what)
+        try:  # tell() fills it with these three
+            str(template).format(address="", port=0, value="")
+        except (ValueError, KeyError, IndexError, AttributeError, TypeError) as exc:
+            raise ComposeError(f"template {template!r}: not a template of {{address}}, {{port}} and {{value}} "
+                               f"({exc})", path=f"{path}.template") from None
+        return Knob("env", spec["env"], str(template))
     if isinstance(spec, dict) and isinstance(spec.get("flag"), str) and spec["flag"].startswith("-"):
         return Knob("flag", spec["flag"], "{%s}" % what)
     raise ComposeError(f"expected {{env: NAME}}, {{flag: --name}} or {{fixed: true}}, not {spec!r}", path=path)

@@ -61,6 +61,18 @@ cmd_up() {
                 ;;
         esac
     done
+    # a service reported started that has no instance now (its start was refused after its status was
+    # written, or it vanished) is not up: say which, and fail as for a failed start
+    list_instances
+    for name in "${names[@]}"; do
+        case "$(get_status "$name")" in failed* | completed*) continue ;; esac
+        load_service "$name"
+        service_state
+        if [ "$STATE_NOW" = absent ]; then
+            failed=1
+            echo "run.sh: service $name is not running: it has no instance after up" >&2
+        fi
+    done
     if [ "$failed" = 1 ]; then
         return 1
     fi

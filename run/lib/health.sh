@@ -42,28 +42,28 @@ probe_entering() {
     return "$v"
 }
 
+# The probe's words reach the instance's sh on standard input (a here-string: a pipe or a private
+# temporary file), never on a command line: on a shared node every user reads /proc/PID/cmdline,
+# and a healthcheck often carries a password. CMD's words are quoted for that sh by construction.
+# shellcheck disable=SC2016  # $1 and $(cat) are the probe's sh's own
+PROBE_SH='cd "$1" 2>/dev/null; eval "$(cat)"'
 health_once() {
-    local cmd=() rc
+    local script word rc
     case "${S_HEALTH[0]:-NONE}" in
-        CMD) cmd=("${S_HEALTH[@]:1}") ;;
-        CMD-SHELL) cmd=(/bin/sh -c "${S_HEALTH[1]}") ;;
+        CMD) script="exec"
+             for word in "${S_HEALTH[@]:1}"; do script+=" '${word//\'/\'\\\'\'}'"; done ;;
+        CMD-SHELL) script=${S_HEALTH[1]} ;;
         *) return 0 ;;
     esac
-    # shellcheck disable=SC2016  # $1, $2 and $@ are the probe's sh's own
-    if [ -n "$S_WORKDIR" ] && [ "${S_HEALTH[0]}" = CMD-SHELL ]; then
-        probe_entering /bin/sh -c 'cd "$1" 2>/dev/null; eval "$2"' sh "$S_WORKDIR" "${S_HEALTH[1]}"
-    elif [ -n "$S_WORKDIR" ]; then
-        probe_entering /bin/sh -c 'cd "$1" 2>/dev/null; shift; exec "$@"' sh "$S_WORKDIR" "${cmd[@]}"
-    else
-        probe_entering "${cmd[@]}"
-    fi
+    probe_entering /bin/sh -c "$PROBE_SH" sh "${S_WORKDIR:-.}" <<<"$script"
     rc=$?
     [ "$ENTERED" = 1 ] && return "$rc"
     env_flags
     # a password taken off the probe's command line is in its own env file (render.health_secret)
     [ -f "${S_ENV%.env}.health$ENV_SUFFIX" ] && env_flags "${S_ENV%.env}.health.env"
     [ -n "$S_WORKDIR" ] && ENV_FLAGS+=(--pwd "$S_WORKDIR")
-    timeout -k 2 "$S_HEALTH_TIMEOUT" "$RT" exec "${ENV_FLAGS[@]}" "instance://$S_INSTANCE" "${cmd[@]}" >/dev/null 2>&1
+    timeout -k 2 "$S_HEALTH_TIMEOUT" "$RT" exec "${ENV_FLAGS[@]}" "instance://$S_INSTANCE" \
+        /bin/sh -c "$PROBE_SH" sh "${S_WORKDIR:-.}" <<<"$script" >/dev/null 2>&1
 }
 
 # The last probe's result, for `ps`: "TIME INSTANCE-PID healthy|unhealthy|starting FAILURES"

@@ -174,7 +174,7 @@ start_service() {
             return 0
         fi
         progress "$name" "starting instance $S_INSTANCE"
-        if ! "$RT" instance start "${START_FLAGS[@]}" "$S_SIF" "$S_INSTANCE" >"$STATE/logs/$name.start.log" 2>&1; then
+        if ! "$RT" instance start "${START_FLAGS[@]}" -- "$S_SIF" "$S_INSTANCE" >"$STATE/logs/$name.start.log" 2>&1; then
             set_status "$name" "failed instance start: $(grep -v '^INFO' "$STATE/logs/$name.start.log" | head -n 2 | tr '\n' ' ')"
             return 1
         fi

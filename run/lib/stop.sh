@@ -21,7 +21,7 @@ kill_instance() {
             ENDING+=("$STARTER")  # (a setuid runtime's starter: it ends when the runtime stops it)
             ;;
     esac
-    "$RT" instance stop -t 0 "$S_INSTANCE" >/dev/null 2>&1 || true
+    "$RT" instance stop -t 0 -- "$S_INSTANCE" >/dev/null 2>&1 || true
 }
 
 # One SIGKILL, in one `kill`, of every init kill_instance collected, their starters and the
