@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -274,3 +275,75 @@ def test_supervise_restarts_an_ended_service_until_another_supervisor_takes_over
             os.killpg(supervisor.pid, signal.SIGKILL)
     assert supervisor.returncode == 0, err
     assert "web ended (exit code unknown); restarting (restart: always)" in err, err
+
+
+# ---- the runtime's mode -----------------------------------------------------------------------------
+
+def runtime_mode_as(workdir, uid):
+    """RT_MODE and WRITABLE_ROOT as detect_runtime finds them, run as user id UID, with the
+    RECORDING STAND-IN answering `buildcfg` from WORKDIR/buildcfg; the mode is kept in WORKDIR/run."""
+    script = (f'source {RUN}/lib/core.sh && source {RUN}/lib/runtime.sh && RUNDIR={workdir}/run && '
+              'detect_runtime && echo "$RT_MODE $WRITABLE_ROOT"')
+    env = {"PATH": "/usr/bin:/bin", "C2S_RUNTIME": str(STANDIN), "C2S_RECORD": str(workdir / "record"),
+           "C2S_STANDIN_BUILDCFG": str(workdir / "buildcfg")}
+    proc = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "bash", "-c", script],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.fixture
+def node_dir():
+    """A directory another user can read (pytest's tmp_path is under a root-only one)."""
+    path = Path(tempfile.mkdtemp(prefix="c2s-mode-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_runtime_mode_comes_from_buildcfg_and_the_config_and_is_asked_once(node_dir):
+    """The setuid bit of a starter-suid beside the binary is not asked: what the runtime says is
+    (Debian puts its starter under /usr/lib/TRIPLET). A user other than root runs run.sh; the
+    starter-suid is root-owned and setuid, so this test runs as root, as the e2e ones do."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("makes a root-owned setuid file and runs as another user: run as root, with setpriv")
+    workdir = node_dir
+    for sub in ("run", "lib/apptainer/bin", "lib/singularity/bin", "etc/apptainer", "etc/singularity"):
+        (workdir / sub).mkdir(parents=True)
+    for d in workdir.rglob("*"):
+        d.chmod(0o755)
+    (workdir / "run").chmod(0o777)
+    (workdir / "record").touch()
+    (workdir / "record").chmod(0o666)
+    for flavour in ("apptainer", "singularity"):
+        starter = workdir / "lib" / flavour / "bin" / "starter-suid"
+        starter.write_text("")
+        starter.chmod(0o4755)
+    conf = workdir / "etc" / "apptainer" / "apptainer.conf"
+    conf.write_text("# allow setuid = no\nallow setuid = yes\nallow setuid-mount squashfs = no\n")
+    (workdir / "buildcfg").write_text(f"APPTAINER_SUID_INSTALL=1\nLIBEXECDIR={workdir}/lib\nSYSCONFDIR={workdir}/etc\n")
+    nobody = 65534
+
+    def buildcfg_calls():
+        return sum(1 for c in calls(workdir) if c == ["buildcfg"])
+
+    assert runtime_mode_as(workdir, nobody) == "setuid tmpfs"
+    assert buildcfg_calls() == 1
+    assert runtime_mode_as(workdir, nobody) == "setuid tmpfs" and buildcfg_calls() == 1  # kept in RUNDIR
+    assert runtime_mode_as(workdir, 0).startswith("root ")
+    conf.write_text("allow setuid = no\n")  # the config is read each time: the runtime reads it each time
+    assert runtime_mode_as(workdir, nobody).startswith("unprivileged ")
+    conf.write_text("allow setuid = yes\n")
+
+    def answer(text):
+        (workdir / "run" / "runtime.buildcfg").unlink()
+        (workdir / "buildcfg").write_text(text)
+        return runtime_mode_as(workdir, nobody).split()[0]
+
+    assert answer(f"APPTAINER_SUID_INSTALL=0\nLIBEXECDIR={workdir}/lib\nSYSCONFDIR={workdir}/etc\n") == "unprivileged"
+    # SingularityCE and Singularity 3.x spell it SINGULARITY_*, their config singularity.conf
+    (workdir / "etc" / "singularity" / "singularity.conf").write_text("allow setuid = yes\n")
+    assert answer(f"SINGULARITY_SUID_INSTALL=1\nLIBEXECDIR={workdir}/lib\nSYSCONFDIR={workdir}/etc\n") == "setuid"
+    (workdir / "lib" / "singularity" / "bin" / "starter-suid").chmod(0o755)  # built setuid, installed without the bit
+    assert answer(f"SINGULARITY_SUID_INSTALL=1\nLIBEXECDIR={workdir}/lib\nSYSCONFDIR={workdir}/etc\n") == "unprivileged"
+    assert answer("") == "unprivileged"  # a runtime with no buildcfg
