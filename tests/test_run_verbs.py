@@ -59,13 +59,16 @@ def project(converted, tmp_path):
     return tmp_path
 
 
-def run_verb(tmp_path, verb_file, *call, background=False, **env_extra):
-    """bash: the header, run/lib/*.sh, run/cmd/VERB_FILE.sh, then the words of `call`."""
+def run_verb(tmp_path, verb_file, *call, background=False, as_uid=None, path="/usr/bin:/bin", **env_extra):
+    """bash: the header, run/lib/*.sh, run/cmd/VERB_FILE.sh, then the words of `call` (as user id
+    AS_UID where given)."""
     script = (f'source {tmp_path}/out/header.sh && for f in {RUN}/lib/*.sh; do source "$f"; done && '
               f'source {RUN}/cmd/{verb_file}.sh && "$@"')
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "C2S_RUNTIME": str(STANDIN),
+    env = {"PATH": path, "HOME": str(tmp_path), "C2S_RUNTIME": str(STANDIN),
            "C2S_RECORD": str(tmp_path / "record"), "C2S_STANDIN_LIST": str(tmp_path / "listing.json"), **env_extra}
     argv = ["bash", "-c", script, "bash", *call]
+    if as_uid is not None:
+        argv = ["setpriv", f"--reuid={as_uid}", f"--regid={as_uid}", "--clear-groups", *argv]
     if background:
         return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
@@ -229,7 +232,7 @@ def test_build_builds_into_the_cache_under_the_definitions_digest(project):
     assert len(builds) == 2, calls(project)  # the build, then its retry alone
     assert builds[0][1] == "--force" and builds[0][-2].startswith(f"{storage}/sif/{digest}.sif."), builds[0]
     assert run_verb(project, "build", "cmd_build", "--pul").stderr.strip() == \
-        "run.sh: build: unknown argument --pul (usage: build [--pull])"
+        "run.sh: build: unknown argument --pul (usage: build [--pull] [--force])"
 
 
 def test_pull_leaves_built_images_alone(project):
@@ -347,3 +350,52 @@ def test_runtime_mode_comes_from_buildcfg_and_the_config_and_is_asked_once(node_
     (workdir / "lib" / "singularity" / "bin" / "starter-suid").chmod(0o755)  # built setuid, installed without the bit
     assert answer(f"SINGULARITY_SUID_INSTALL=1\nLIBEXECDIR={workdir}/lib\nSYSCONFDIR={workdir}/etc\n") == "unprivileged"
     assert answer("") == "unprivileged"  # a runtime with no buildcfg
+
+
+# ---- images that cannot be built here ---------------------------------------------------------------
+
+def test_build_and_up_refuse_in_one_line_where_no_definition_can_be_built_and_use_a_dropped_sif(converted, node_dir):
+    """A node where user namespaces are off: a STAND-IN `unshare` that fails as the real one does
+    there is first on PATH, and run.sh runs as a user other than root (root builds anything)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("runs run.sh as another user: run as root, with setpriv")
+    shutil.copytree(converted, node_dir / "out", symlinks=True)
+    standins = node_dir / "bin"
+    standins.mkdir()
+    (standins / "unshare").write_text("#!/bin/sh\n# STAND-IN unshare: user namespaces are off on this node\n"
+                                      "echo 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
+    (standins / "unshare").chmod(0o755)
+    (node_dir / "listing.json").write_text('{"instances": []}')
+    (node_dir / "record").touch()
+    subprocess.run(["chown", "-R", "65534:65534", str(node_dir)], check=True)
+    nobody = {"as_uid": 65534, "path": f"{standins}:/usr/bin:/bin", "C2S_STORAGE": str(node_dir / "storage")}
+    out = node_dir / "out"
+    web = Path(service(node_dir, "web", "S_SIF")[0]).stem
+    db = Path(service(node_dir, "db", "S_SIF")[0]).stem
+
+    proc = run_verb(node_dir, "build", "cmd_build", **nobody)
+    assert proc.returncode == 1
+    assert proc.stderr == (f"run.sh: images {db}, {web} cannot be built here: their definitions need fakeroot "
+                           f"(unprivileged {STANDIN}, no user namespaces); build them where user namespaces or root "
+                           f"exist (run.sh build there) and copy each to {out}/sif/KEY.sif, or use --remote where "
+                           "the site has a build service\n"), proc.stderr
+    proc = run_verb(node_dir, "up", "cmd_up", "-d", "web", **nobody)  # web depends on db
+    assert proc.returncode == 1 and f"images {db}, {web} cannot be built here" in proc.stderr, proc.stderr
+    assert not [c for c in calls(node_dir) if c[0] in ("build", "instance")], calls(node_dir)  # nothing built or started
+
+    (out / "sif").mkdir(exist_ok=True)
+    (out / "sif" / f"{web}.sif").write_text("built elsewhere")  # dropped in place: no record of ours
+    proc = run_verb(node_dir, "build", "cmd_build", **nobody)
+    assert proc.returncode == 1 and proc.stderr.startswith(
+        f"run.sh: image {db} cannot be built here: its definition needs fakeroot"), proc.stderr
+    assert f"copy it to {out}/sif/{db}.sif, or" in proc.stderr
+    (out / "sif" / f"{db}.sif").write_text("built elsewhere")
+    proc = run_verb(node_dir, "build", "cmd_build", **nobody)
+    assert proc.returncode == 0, proc.stderr
+    assert not [c for c in calls(node_dir) if c[0] == "build"], calls(node_dir)
+    assert (out / "sif" / f"{web}.sif").read_text() == "built elsewhere"
+    proc = run_verb(node_dir, "build", "cmd_build", "--force", **nobody)  # --force would build them again
+    assert proc.returncode == 1 and f"images {db}, {web} cannot be built here" in proc.stderr, proc.stderr
+    proc = run_verb(node_dir, "up", "cmd_up", "-d", "db", **nobody)  # started from the dropped SIF
+    assert "cannot be built here" not in proc.stderr, proc.stderr
+    assert [c for c in calls(node_dir) if c[:2] == ["instance", "start"]][0][-2] == str(out / "sif" / f"{db}.sif")
