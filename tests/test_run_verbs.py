@@ -195,7 +195,32 @@ def test_logs_prints_the_log_the_runtime_names(project):
     assert proc.returncode == 0 and proc.stdout == "hello from db\n", proc.stderr
     listing(project)
     proc = run_verb(project, "logs", "cmd_logs", "web")
-    assert proc.returncode == 1 and "no logs for web yet" in proc.stderr
+    assert proc.returncode == 1 and proc.stderr == "run.sh: web has not run since `up`\n", proc.stderr
+
+
+def test_logs_shows_only_this_runs_output(project):
+    """The runtime keeps an instance's log files after `down`: a service that has not started since
+    `up` (here its image is missing) shows none of an earlier run's output."""
+    sif, instance = service(project, "db", "S_SIF", "S_INSTANCE")
+    kept = project / ".apptainer" / "instances" / "logs" / "node" / "root" / f"{instance}.out"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("an earlier run\n")
+    proc = run_verb(project, "logs", "cmd_logs", "db")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "run.sh: db has not run since `up`\n")
+    Path(sif).parent.mkdir(exist_ok=True)
+    Path(sif).write_text("")
+    run_verb(project, "up", "cmd_up", "-d", "db")  # starts it (the stand-in's instance ends at once)
+    assert not kept.exists()  # the start cleared the runtime's logs
+    proc = run_verb(project, "logs", "cmd_logs", "db")
+    assert proc.returncode == 1 and proc.stderr == "run.sh: no logs for db yet\n", proc.stderr
+    kept.write_text("this run\n")  # what the runtime writes while it runs
+    proc = run_verb(project, "logs", "cmd_logs", "db")
+    assert (proc.returncode, proc.stdout) == (0, "this run\n"), proc.stderr
+    Path(sif).unlink()
+    proc = run_verb(project, "up", "cmd_up", "-d", "db")
+    assert proc.returncode == 1 and "is missing" in proc.stderr, proc.stderr
+    proc = run_verb(project, "logs", "cmd_logs", "db")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "run.sh: db has not run since `up`\n")
 
 
 def test_exec_runs_the_command_in_the_instance_with_the_services_env(project):
