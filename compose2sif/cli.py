@@ -141,6 +141,11 @@ def logs(state: _State, args) -> int:
     return _run(state, args, ["logs", *(["-f"] if args.follow else []), args.service])
 
 
+def restart(state: _State, args) -> int:
+    """Stop and start services again (default: every service started since `down`)."""
+    return _run(state, args, ["restart", *args.services])
+
+
 def exec_(state: _State, args) -> int:
     """Run a command inside a service's instance."""
     if not args.command:
@@ -300,6 +305,11 @@ def _logs_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("service")
 
 
+def _restart_arguments(sub: argparse.ArgumentParser) -> None:
+    _output_option(sub)
+    sub.add_argument("services", nargs="*", metavar="SERVICE")
+
+
 def _exec_arguments(sub: argparse.ArgumentParser) -> None:
     _output_option(sub)
     sub.add_argument("service")
@@ -335,6 +345,7 @@ COMMANDS = {
     "ps": (ps, _ps_arguments),
     "logs": (logs, _logs_arguments),
     "exec": (exec_, _exec_arguments),
+    "restart": (restart, _restart_arguments),
     "doctor": (doctor, lambda sub: _output_option(sub, "Output directory whose planned endpoints are checked.")),
     "batch": (batch, _batch_arguments),
 }

@@ -174,7 +174,17 @@ def test_restart_stops_then_starts_the_service(project):
     starts = [c for c in calls(project) if c[:2] == ["instance", "start"]]
     assert len(starts) == 1 and starts[0][-1] == instance
     assert not (project / "out" / "state" / "run" / "db.stopped").exists()  # the start took the stop's mark away
-    assert run_verb(project, "restart", "cmd_restart").stderr.strip() == "run.sh: restart: name a service"
+    # no service named: each one that has a status (started since `down`), as docker compose restarts all
+    (project / "out" / "state" / "run" / "web.status").write_text("failed exited right after start\n")
+    Path(service(project, "web", "S_SIF")[0]).write_text("")
+    proc = run_verb(project, "restart", "cmd_restart")
+    starts = [c for c in calls(project) if c[:2] == ["instance", "start"]]
+    assert len(starts) == 3 and starts[1][-1] == instance and starts[2][-1].endswith("web"), proc.stderr
+    assert proc.returncode == 1 and "run.sh: web: failed" in proc.stderr  # (the stand-in's instances end at once)
+    (project / "out" / "state" / "run" / "db.status").unlink()
+    (project / "out" / "state" / "run" / "web.status").unlink()
+    proc = run_verb(project, "restart", "cmd_restart")
+    assert proc.returncode == 0 and "restart: no service was started since `down`" in proc.stderr, proc.stderr
 
 
 def test_restart_does_not_wait_for_the_dependencies(project):
