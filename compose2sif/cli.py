@@ -106,7 +106,7 @@ def secrets(state: _State, args) -> int:
 
 def build(state: _State, args) -> int:
     """Build the SIFs that are missing or whose definition changed (in parallel; C2S_BUILD_JOBS)."""
-    return _run(state, args, ["build", *(["--pull"] if args.pull else [])])
+    return _run(state, args, ["build", *(["--pull"] if args.pull else []), *(["--force"] if args.force else [])])
 
 
 def pull(state: _State, args) -> int:
@@ -275,6 +275,8 @@ def _secrets_arguments(sub: argparse.ArgumentParser) -> None:
 def _build_arguments(sub: argparse.ArgumentParser) -> None:
     _output_option(sub)
     sub.add_argument("--pull", action="store_true", help="Also build again the images whose registry tag moved.")
+    sub.add_argument("--force", action="store_true",
+                     help="Build every image again, a SIF put in place by hand included.")
 
 
 def _pull_arguments(sub: argparse.ArgumentParser) -> None:
