@@ -106,7 +106,7 @@ def secrets(state: _State, args) -> int:
 
 def build(state: _State, args) -> int:
     """Build the SIFs that are missing or whose definition changed (in parallel; C2S_BUILD_JOBS)."""
-    return _run(state, args, ["build", *(["--pull"] if args.pull else [])])
+    return _run(state, args, ["build", *(["--pull"] if args.pull else []), *(["--force"] if args.force else [])])
 
 
 def pull(state: _State, args) -> int:
@@ -139,6 +139,11 @@ def ps(state: _State, args) -> int:
 def logs(state: _State, args) -> int:
     """A service's output."""
     return _run(state, args, ["logs", *(["-f"] if args.follow else []), args.service])
+
+
+def restart(state: _State, args) -> int:
+    """Stop and start services again (default: every service started since `down`)."""
+    return _run(state, args, ["restart", *args.services])
 
 
 def exec_(state: _State, args) -> int:
@@ -270,6 +275,8 @@ def _secrets_arguments(sub: argparse.ArgumentParser) -> None:
 def _build_arguments(sub: argparse.ArgumentParser) -> None:
     _output_option(sub)
     sub.add_argument("--pull", action="store_true", help="Also build again the images whose registry tag moved.")
+    sub.add_argument("--force", action="store_true",
+                     help="Build every image again, a SIF put in place by hand included.")
 
 
 def _pull_arguments(sub: argparse.ArgumentParser) -> None:
@@ -298,6 +305,11 @@ def _logs_arguments(sub: argparse.ArgumentParser) -> None:
     _output_option(sub)
     sub.add_argument("-f", "--follow", action="store_true")
     sub.add_argument("service")
+
+
+def _restart_arguments(sub: argparse.ArgumentParser) -> None:
+    _output_option(sub)
+    sub.add_argument("services", nargs="*", metavar="SERVICE")
 
 
 def _exec_arguments(sub: argparse.ArgumentParser) -> None:
@@ -335,6 +347,7 @@ COMMANDS = {
     "ps": (ps, _ps_arguments),
     "logs": (logs, _logs_arguments),
     "exec": (exec_, _exec_arguments),
+    "restart": (restart, _restart_arguments),
     "doctor": (doctor, lambda sub: _output_option(sub, "Output directory whose planned endpoints are checked.")),
     "batch": (batch, _batch_arguments),
 }

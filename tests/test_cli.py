@@ -80,3 +80,16 @@ def test_option_values_may_start_with_a_dash_as_in_docker_compose():
     args = parser.parse_args(attached)
     assert (args.project_name, args.env_files, args.output, args.service) == ("-lead", ["-x.env"], "-out", "api")
     assert args.command == ["ls", "-p", "--", "-o", "x"]
+
+
+def test_restart_passes_its_services_to_run_sh(tmp_path):
+    """As logs, exec and down: the generated run.sh does the work, here with the RECORDING STAND-IN
+    (tests/standins/recording-standin-apptainer) as its runtime, which runs nothing."""
+    (tmp_path / "compose.yaml").write_text("name: r\nservices:\n  db:\n    image: busybox\n")
+    assert run("convert", "--offline", "-o", "out", cwd=tmp_path).returncode == 0
+    env = {"C2S_RUNTIME": str(REPO / "tests" / "standins" / "recording-standin-apptainer"),
+           "C2S_RECORD": str(tmp_path / "record"), "HOME": str(tmp_path)}
+    out = run("restart", "-o", "out", "nosuch", cwd=tmp_path, env=env)
+    assert out.returncode == 1 and out.stderr.strip() == "run.sh: no such service: nosuch (services: db)", out.stderr
+    out = run("restart", "-o", "out", cwd=tmp_path, env=env)  # nothing was started: nothing to restart
+    assert out.returncode == 0 and "restart: no service was started since `down`" in out.stderr, out.stderr

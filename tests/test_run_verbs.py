@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,13 +59,16 @@ def project(converted, tmp_path):
     return tmp_path
 
 
-def run_verb(tmp_path, verb_file, *call, background=False, **env_extra):
-    """bash: the header, run/lib/*.sh, run/cmd/VERB_FILE.sh, then the words of `call`."""
+def run_verb(tmp_path, verb_file, *call, background=False, as_uid=None, path="/usr/bin:/bin", **env_extra):
+    """bash: the header, run/lib/*.sh, run/cmd/VERB_FILE.sh, then the words of `call` (as user id
+    AS_UID where given)."""
     script = (f'source {tmp_path}/out/header.sh && for f in {RUN}/lib/*.sh; do source "$f"; done && '
               f'source {RUN}/cmd/{verb_file}.sh && "$@"')
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "C2S_RUNTIME": str(STANDIN),
+    env = {"PATH": path, "HOME": str(tmp_path), "C2S_RUNTIME": str(STANDIN),
            "C2S_RECORD": str(tmp_path / "record"), "C2S_STANDIN_LIST": str(tmp_path / "listing.json"), **env_extra}
     argv = ["bash", "-c", script, "bash", *call]
+    if as_uid is not None:
+        argv = ["setpriv", f"--reuid={as_uid}", f"--regid={as_uid}", "--clear-groups", *argv]
     if background:
         return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
@@ -170,7 +174,17 @@ def test_restart_stops_then_starts_the_service(project):
     starts = [c for c in calls(project) if c[:2] == ["instance", "start"]]
     assert len(starts) == 1 and starts[0][-1] == instance
     assert not (project / "out" / "state" / "run" / "db.stopped").exists()  # the start took the stop's mark away
-    assert run_verb(project, "restart", "cmd_restart").stderr.strip() == "run.sh: restart: name a service"
+    # no service named: each one that has a status (started since `down`), as docker compose restarts all
+    (project / "out" / "state" / "run" / "web.status").write_text("failed exited right after start\n")
+    Path(service(project, "web", "S_SIF")[0]).write_text("")
+    proc = run_verb(project, "restart", "cmd_restart")
+    starts = [c for c in calls(project) if c[:2] == ["instance", "start"]]
+    assert len(starts) == 3 and starts[1][-1] == instance and starts[2][-1].endswith("web"), proc.stderr
+    assert proc.returncode == 1 and "run.sh: web: failed" in proc.stderr  # (the stand-in's instances end at once)
+    (project / "out" / "state" / "run" / "db.status").unlink()
+    (project / "out" / "state" / "run" / "web.status").unlink()
+    proc = run_verb(project, "restart", "cmd_restart")
+    assert proc.returncode == 0 and "restart: no service was started since `down`" in proc.stderr, proc.stderr
 
 
 def test_restart_does_not_wait_for_the_dependencies(project):
@@ -191,7 +205,32 @@ def test_logs_prints_the_log_the_runtime_names(project):
     assert proc.returncode == 0 and proc.stdout == "hello from db\n", proc.stderr
     listing(project)
     proc = run_verb(project, "logs", "cmd_logs", "web")
-    assert proc.returncode == 1 and "no logs for web yet" in proc.stderr
+    assert proc.returncode == 1 and proc.stderr == "run.sh: web has not run since `up`\n", proc.stderr
+
+
+def test_logs_shows_only_this_runs_output(project):
+    """The runtime keeps an instance's log files after `down`: a service that has not started since
+    `up` (here its image is missing) shows none of an earlier run's output."""
+    sif, instance = service(project, "db", "S_SIF", "S_INSTANCE")
+    kept = project / ".apptainer" / "instances" / "logs" / "node" / "root" / f"{instance}.out"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("an earlier run\n")
+    proc = run_verb(project, "logs", "cmd_logs", "db")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "run.sh: db has not run since `up`\n")
+    Path(sif).parent.mkdir(exist_ok=True)
+    Path(sif).write_text("")
+    run_verb(project, "up", "cmd_up", "-d", "db")  # starts it (the stand-in's instance ends at once)
+    assert not kept.exists()  # the start cleared the runtime's logs
+    proc = run_verb(project, "logs", "cmd_logs", "db")
+    assert proc.returncode == 1 and proc.stderr == "run.sh: no logs for db yet\n", proc.stderr
+    kept.write_text("this run\n")  # what the runtime writes while it runs
+    proc = run_verb(project, "logs", "cmd_logs", "db")
+    assert (proc.returncode, proc.stdout) == (0, "this run\n"), proc.stderr
+    Path(sif).unlink()
+    proc = run_verb(project, "up", "cmd_up", "-d", "db")
+    assert proc.returncode == 1 and "is missing" in proc.stderr, proc.stderr
+    proc = run_verb(project, "logs", "cmd_logs", "db")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "run.sh: db has not run since `up`\n")
 
 
 def test_exec_runs_the_command_in_the_instance_with_the_services_env(project):
@@ -228,7 +267,7 @@ def test_build_builds_into_the_cache_under_the_definitions_digest(project):
     assert len(builds) == 2, calls(project)  # the build, then its retry alone
     assert builds[0][1] == "--force" and builds[0][-2].startswith(f"{storage}/sif/{digest}.sif."), builds[0]
     assert run_verb(project, "build", "cmd_build", "--pul").stderr.strip() == \
-        "run.sh: build: unknown argument --pul (usage: build [--pull])"
+        "run.sh: build: unknown argument --pul (usage: build [--pull] [--force])"
 
 
 def test_pull_leaves_built_images_alone(project):
@@ -274,3 +313,124 @@ def test_supervise_restarts_an_ended_service_until_another_supervisor_takes_over
             os.killpg(supervisor.pid, signal.SIGKILL)
     assert supervisor.returncode == 0, err
     assert "web ended (exit code unknown); restarting (restart: always)" in err, err
+
+
+# ---- the runtime's mode -----------------------------------------------------------------------------
+
+def runtime_mode_as(workdir, uid):
+    """RT_MODE and WRITABLE_ROOT as detect_runtime finds them, run as user id UID, with the
+    RECORDING STAND-IN answering `buildcfg` from WORKDIR/buildcfg; the mode is kept in WORKDIR/run."""
+    script = (f'source {RUN}/lib/core.sh && source {RUN}/lib/runtime.sh && RUNDIR={workdir}/run && '
+              'detect_runtime && echo "$RT_MODE $WRITABLE_ROOT"')
+    env = {"PATH": "/usr/bin:/bin", "C2S_RUNTIME": str(STANDIN), "C2S_RECORD": str(workdir / "record"),
+           "C2S_STANDIN_BUILDCFG": str(workdir / "buildcfg")}
+    proc = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "bash", "-c", script],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.fixture
+def node_dir():
+    """A directory another user can read (pytest's tmp_path is under a root-only one)."""
+    path = Path(tempfile.mkdtemp(prefix="c2s-mode-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_runtime_mode_comes_from_buildcfg_and_the_config_and_is_asked_once(node_dir):
+    """The setuid bit of a starter-suid beside the binary is not asked: what the runtime says is
+    (Debian puts its starter under /usr/lib/TRIPLET). A user other than root runs run.sh; the
+    starter-suid is root-owned and setuid, so this test runs as root, as the e2e ones do."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("makes a root-owned setuid file and runs as another user: run as root, with setpriv")
+    workdir = node_dir
+    for sub in ("run", "lib/apptainer/bin", "lib/singularity/bin", "etc/apptainer", "etc/singularity"):
+        (workdir / sub).mkdir(parents=True)
+    for d in workdir.rglob("*"):
+        d.chmod(0o755)
+    (workdir / "run").chmod(0o777)
+    (workdir / "record").touch()
+    (workdir / "record").chmod(0o666)
+    for flavour in ("apptainer", "singularity"):
+        starter = workdir / "lib" / flavour / "bin" / "starter-suid"
+        starter.write_text("")
+        starter.chmod(0o4755)
+    conf = workdir / "etc" / "apptainer" / "apptainer.conf"
+    conf.write_text("# allow setuid = no\nallow setuid = yes\nallow setuid-mount squashfs = no\n")
+    (workdir / "buildcfg").write_text(f"APPTAINER_SUID_INSTALL=1\nLIBEXECDIR={workdir}/lib\nSYSCONFDIR={workdir}/etc\n")
+    nobody = 65534
+
+    def buildcfg_calls():
+        return sum(1 for c in calls(workdir) if c == ["buildcfg"])
+
+    assert runtime_mode_as(workdir, nobody) == "setuid tmpfs"
+    assert buildcfg_calls() == 1
+    assert runtime_mode_as(workdir, nobody) == "setuid tmpfs" and buildcfg_calls() == 1  # kept in RUNDIR
+    assert runtime_mode_as(workdir, 0).startswith("root ")
+    conf.write_text("allow setuid = no\n")  # the config is read each time: the runtime reads it each time
+    assert runtime_mode_as(workdir, nobody).startswith("unprivileged ")
+    conf.write_text("allow setuid = yes\n")
+
+    def answer(text):
+        (workdir / "run" / "runtime.buildcfg").unlink()
+        (workdir / "buildcfg").write_text(text)
+        return runtime_mode_as(workdir, nobody).split()[0]
+
+    assert answer(f"APPTAINER_SUID_INSTALL=0\nLIBEXECDIR={workdir}/lib\nSYSCONFDIR={workdir}/etc\n") == "unprivileged"
+    # SingularityCE and Singularity 3.x spell it SINGULARITY_*, their config singularity.conf
+    (workdir / "etc" / "singularity" / "singularity.conf").write_text("allow setuid = yes\n")
+    assert answer(f"SINGULARITY_SUID_INSTALL=1\nLIBEXECDIR={workdir}/lib\nSYSCONFDIR={workdir}/etc\n") == "setuid"
+    (workdir / "lib" / "singularity" / "bin" / "starter-suid").chmod(0o755)  # built setuid, installed without the bit
+    assert answer(f"SINGULARITY_SUID_INSTALL=1\nLIBEXECDIR={workdir}/lib\nSYSCONFDIR={workdir}/etc\n") == "unprivileged"
+    assert answer("") == "unprivileged"  # a runtime with no buildcfg
+
+
+# ---- images that cannot be built here ---------------------------------------------------------------
+
+def test_build_and_up_refuse_in_one_line_where_no_definition_can_be_built_and_use_a_dropped_sif(converted, node_dir):
+    """A node where user namespaces are off: a STAND-IN `unshare` that fails as the real one does
+    there is first on PATH, and run.sh runs as a user other than root (root builds anything)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("runs run.sh as another user: run as root, with setpriv")
+    shutil.copytree(converted, node_dir / "out", symlinks=True)
+    standins = node_dir / "bin"
+    standins.mkdir()
+    (standins / "unshare").write_text("#!/bin/sh\n# STAND-IN unshare: user namespaces are off on this node\n"
+                                      "echo 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
+    (standins / "unshare").chmod(0o755)
+    (node_dir / "listing.json").write_text('{"instances": []}')
+    (node_dir / "record").touch()
+    subprocess.run(["chown", "-R", "65534:65534", str(node_dir)], check=True)
+    nobody = {"as_uid": 65534, "path": f"{standins}:/usr/bin:/bin", "C2S_STORAGE": str(node_dir / "storage")}
+    out = node_dir / "out"
+    web = Path(service(node_dir, "web", "S_SIF")[0]).stem
+    db = Path(service(node_dir, "db", "S_SIF")[0]).stem
+
+    proc = run_verb(node_dir, "build", "cmd_build", **nobody)
+    assert proc.returncode == 1
+    assert proc.stderr == (f"run.sh: images {db}, {web} cannot be built here: their definitions need fakeroot "
+                           f"(unprivileged {STANDIN}, no user namespaces); build them where user namespaces or root "
+                           f"exist (run.sh build there) and copy each to {out}/sif/KEY.sif, or use --remote where "
+                           "the site has a build service\n"), proc.stderr
+    proc = run_verb(node_dir, "up", "cmd_up", "-d", "web", **nobody)  # web depends on db
+    assert proc.returncode == 1 and f"images {db}, {web} cannot be built here" in proc.stderr, proc.stderr
+    assert not [c for c in calls(node_dir) if c[0] in ("build", "instance")], calls(node_dir)  # nothing built or started
+
+    (out / "sif").mkdir(exist_ok=True)
+    (out / "sif" / f"{web}.sif").write_text("built elsewhere")  # dropped in place: no record of ours
+    proc = run_verb(node_dir, "build", "cmd_build", **nobody)
+    assert proc.returncode == 1 and proc.stderr.startswith(
+        f"run.sh: image {db} cannot be built here: its definition needs fakeroot"), proc.stderr
+    assert f"copy it to {out}/sif/{db}.sif, or" in proc.stderr
+    (out / "sif" / f"{db}.sif").write_text("built elsewhere")
+    proc = run_verb(node_dir, "build", "cmd_build", **nobody)
+    assert proc.returncode == 0, proc.stderr
+    assert not [c for c in calls(node_dir) if c[0] == "build"], calls(node_dir)
+    assert (out / "sif" / f"{web}.sif").read_text() == "built elsewhere"
+    proc = run_verb(node_dir, "build", "cmd_build", "--force", **nobody)  # --force would build them again
+    assert proc.returncode == 1 and f"images {db}, {web} cannot be built here" in proc.stderr, proc.stderr
+    proc = run_verb(node_dir, "up", "cmd_up", "-d", "db", **nobody)  # started from the dropped SIF
+    assert "cannot be built here" not in proc.stderr, proc.stderr
+    assert [c for c in calls(node_dir) if c[:2] == ["instance", "start"]][0][-2] == str(out / "sif" / f"{db}.sif")

@@ -12,6 +12,11 @@ cmd_logs() {
     [ -n "$name" ] || die "logs: name a service"
     detect_runtime
     load_service "$name"
+    # a service that has not started since `up` has no output of this run: the runtime's log files
+    # then hold an earlier run's (it keeps them after `down`)
+    if [ ! -e "$(logs_mark "$name")" ] && { [ "$S_ONESHOT" = 1 ] || ! service_running; }; then
+        die "$name has not run since \`up\`"
+    fi
     if [ "$S_ONESHOT" = 1 ]; then
         files=("$STATE/logs/$name.log")
     else

@@ -1,15 +1,27 @@
-# ---- run/cmd/restart.sh: `restart SERVICE...` ----------------------------------------------------
+# ---- run/cmd/restart.sh: `restart [SERVICE...]` --------------------------------------------------
 
+# As `docker compose restart`: with no service named, every service `up` or `restart` started
+# since the last `down` (those with a status), in start order. One that fails to start does not
+# keep the next from its restart.
 cmd_restart() {
-    [ $# -ge 1 ] || die "restart: name a service"
-    local name
-    for name in "$@"; do load_service "$name"; done
+    local name names=("$@") failed=0
+    for name in "${names[@]}"; do load_service "$name"; done
     take_project_lock restart
     detect_runtime
     prepare_state
-    for name in "$@"; do
+    if [ ${#names[@]} -eq 0 ]; then
+        for name in "${SERVICES[@]}"; do
+            [ -e "$(status_file "$name")" ] && names+=("$name")
+        done
+        if [ ${#names[@]} -eq 0 ]; then
+            note "restart: no service was started since \`down\` (up starts them)"
+            return 0
+        fi
+    fi
+    for name in "${names[@]}"; do
         stop_service "$name"
         load_service "$name"
-        start_service "$name" restart || { echo "run.sh: $name: $(get_status "$name")" >&2; return 1; }
+        start_service "$name" restart || { echo "run.sh: $name: $(get_status "$name")" >&2; failed=1; }
     done
+    return "$failed"
 }

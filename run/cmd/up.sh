@@ -13,6 +13,7 @@ cmd_up() {
     for name in "${names[@]}"; do load_service "$name"; done  # unknown names end here, with a message
     take_project_lock up
     detect_runtime
+    refuse_missing_images "${names[@]}"
     prepare_state
     stop_supervisor  # one supervisor per project (a new one starts below), and none restarting what `up` starts
     clean_stale up

@@ -62,10 +62,7 @@ build_one() {
     local force=${C2S_FORCE_BUILD:-0} ref want="" base
     # An image built FROM another image of the project is out of date when that one changed: its
     # digest covers the base's digest and the registry digest the base was pulled at.
-    image_bases "$key"
-    digest=$({ cat "$def" && for base in "${BASES_OF[@]}"; do
-        cat "$HERE/sif/$base.sif.digest" && { cat "$HERE/sif/$base.sif.source" 2>/dev/null || true; }
-    done; } | sha256sum | cut -d' ' -f1)
+    digest=$(image_digest "$key")
     cached="$SIF_CACHE/$digest.sif"
     if [ "$pull" = 1 ] && ref=$(registry_tag "$def"); then
         build_state "$key" "checking $ref"
@@ -76,6 +73,10 @@ build_one() {
         else
             want="$ref@$want"
         fi
+    fi
+    if sif_dropped "$key" && [ "$force" != 1 ] && [ "$pull" != 1 ]; then
+        build_state "$key" "used as given (a SIF put in place, not built here: build --force replaces it)"
+        return 0
     fi
     if [ -f "$sif" ] && [ "$(cat "$sif.digest" 2>/dev/null)" = "$digest" ] && [ "$force" != 1 ] &&
         { [ -z "$want" ] || [ "$(first_line "$sif.source")" = "$want" ]; }; then
@@ -113,6 +114,76 @@ build_one() {
         build_state "$key" "failed (log: $log)"
         return 1
     fi
+}
+
+# What build_one keeps beside image $1's SIF (sif/KEY.sif.digest): the digest of its definition
+# and, for an image built FROM another image of the project, of that one's digest and source.
+image_digest() {
+    local base
+    image_bases "$1"
+    { cat "$HERE/definitions/$1.def" && for base in "${BASES_OF[@]}"; do
+        cat "$HERE/sif/$base.sif.digest" && { cat "$HERE/sif/$base.sif.source" 2>/dev/null || true; }
+    done; } | sha256sum | cut -d' ' -f1
+}
+
+# A SIF put at sif/KEY.sif by hand (built elsewhere and copied here): no record of ours beside it.
+sif_dropped() { [ -f "$HERE/sif/$1.sif" ] && [ ! -e "$HERE/sif/$1.sif.digest" ]; }
+
+# Whether a definition file can be built here. Unless root, Apptainer >= 1.1 builds every
+# definition file with fakeroot (SingularityCE refuses a non-root build without --fakeroot), and
+# fakeroot needs a user namespace: a setuid runtime on a node with user namespaces off has none.
+can_fakeroot() {
+    local max=0
+    [ "$(id -u)" = 0 ] && return 0
+    if command -v unshare >/dev/null 2>&1; then
+        unshare --user true >/dev/null 2>&1
+        return
+    fi
+    { read -r max || true; } 2>/dev/null </proc/sys/user/max_user_namespaces
+    [ "${max:-0}" -gt 0 ]
+}
+
+# Before anything is built or started: the images among $2... that would have to be built here
+# (no SIF that is up to date, in the shared SIF cache or put in place by hand; every one with $1=1:
+# build --force, or up's images that have no SIF) where no definition file can be built end run.sh
+# in one line, with the ways out.
+refuse_unbuildable() {
+    local force=$1 key digest blocked=() what
+    shift
+    can_fakeroot && return 0
+    for key in "$@"; do
+        if [ "$force" != 1 ]; then
+            sif_dropped "$key" && continue
+            digest=$(image_digest "$key" 2>/dev/null)
+            [ -f "$HERE/sif/$key.sif" ] && [ "$(first_line "$HERE/sif/$key.sif.digest")" = "$digest" ] && continue
+            [ -n "$SIF_CACHE" ] && [ -f "$SIF_CACHE/$digest.sif" ] && continue
+        fi
+        blocked+=("$key")
+    done
+    [ ${#blocked[@]} -gt 0 ] || return 0
+    runtime_mode
+    if [ ${#blocked[@]} -eq 1 ]; then
+        what="image ${blocked[0]} cannot be built here: its definition needs fakeroot ($RT_MODE $RT, no user namespaces);"
+        what+=" build it where user namespaces or root exist (run.sh build there) and copy it to $HERE/sif/${blocked[0]}.sif"
+    else
+        what=$(printf '%s, ' "${blocked[@]}")
+        what="images ${what%, } cannot be built here: their definitions need fakeroot ($RT_MODE $RT, no user namespaces);"
+        what+=" build them where user namespaces or root exist (run.sh build there) and copy each to $HERE/sif/KEY.sif"
+    fi
+    die "$what, or use --remote where the site has a build service"
+}
+
+# `up` starts services $@ (with what they depend on) from the SIFs there are, and builds none: one
+# missing where it could not be built ends run.sh before anything starts (else start_service says
+# to build it).
+refuse_missing_images() {
+    local name key missing=()
+    while IFS= read -r name; do
+        load_service "$name"
+        key=${S_SIF##*/} key=${key%.sif}
+        [ -f "$S_SIF" ] || [[ " ${missing[*]} " == *" $key "* ]] || missing+=("$key")
+    done < <(closure "$@")
+    [ ${#missing[@]} -eq 0 ] || refuse_unbuildable 1 "${missing[@]}"
 }
 
 # The output directory's SIF is the cache's file: a hard link where both are on one filesystem,
@@ -175,6 +246,7 @@ build_images() {
         LIVE=1 BUILD_KEYS=("$@")
         for key in "$@"; do rm -f "$RUNDIR/build-$key.state"; done
     fi
+    refuse_unbuildable "${C2S_FORCE_BUILD:-0}" "$@"
     todo=("$@")
     while [ ${#todo[@]} -gt 0 ]; do
         round=() later=()

@@ -13,7 +13,7 @@ probe_tools() {
     local v
     [ -z "$NSENTER" ] || return 0
     NSENTER=none
-    if ! runtime_is_setuid && v=$(command -v nsenter) && TIMEOUT=$(command -v timeout); then NSENTER=$v; fi
+    if runtime_mode && [ "$RT_MODE" != setuid ] && v=$(command -v nsenter) && TIMEOUT=$(command -v timeout); then NSENTER=$v; fi
     mapfile -t EXPORTED < <(compgen -e)  # what a probe's environment drops
 }
 

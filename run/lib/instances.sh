@@ -170,6 +170,11 @@ clear_logs() {
     done
 }
 
+# Made when start_service starts service $1 (or finds it running), its logs cleared: the logs
+# where the runtime keeps them are this run's, not those of an earlier run that the runtime keeps
+# after `down` (cmd_logs).
+logs_mark() { printf '%s' "$RUNDIR/$1.logs"; }
+
 # The last $1 (20) lines of the loaded service's logs.
 log_tail() {
     local n=${1:-20} f

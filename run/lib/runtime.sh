@@ -26,7 +26,7 @@ detect_runtime() {
     else
         EVAL_FLAGS=() ENV_SUFFIX=.eval.env
     fi
-    WRITABLE_ROOT=$(writable_root_mode)
+    writable_root_mode
 }
 
 # The image's root filesystem is writable, as under Docker (entrypoints that copy a script to /,
@@ -45,21 +45,64 @@ remove_overlay() {
 WRITABLE_ROOT=""
 writable_root_mode() {
     if [ -n "${C2S_WRITABLE_ROOT:-}" ]; then
-        printf '%s' "$C2S_WRITABLE_ROOT"
+        WRITABLE_ROOT=$C2S_WRITABLE_ROOT
         return
     fi
-    if ! runtime_is_setuid && command -v fuse-overlayfs >/dev/null 2>&1; then
-        printf overlay
+    runtime_mode
+    if [ "$RT_MODE" != setuid ] && command -v fuse-overlayfs >/dev/null 2>&1; then
+        WRITABLE_ROOT=overlay
     else
-        printf tmpfs
+        WRITABLE_ROOT=tmpfs
     fi
 }
 
-# Whether the runtime is a setuid install: its starter-suid, beside the runtime's binary, has the
-# setuid bit. Such a runtime mounts in the kernel, refuses directory overlays to users, and keeps
-# the user out of an instance's namespaces.
-runtime_is_setuid() {
-    [ -u "$(dirname "$(readlink -f "$(command -v "$RT")")")/../libexec/$RT/bin/starter-suid" ]
+# How the runtime runs containers for this user, as it says itself, in RT_MODE: root, setuid
+# (mounts in the kernel, keeps the user out of an instance's namespaces) or unprivileged (user
+# namespaces). Never guessed from where its binary lies: Debian puts libexec under
+# /usr/lib/TRIPLET. `buildcfg` says how it was built (APPTAINER_SUID_INSTALL in Apptainer >= 1.0,
+# SINGULARITY_SUID_INSTALL in SingularityCE and Singularity 3.x; `singularity` may be Apptainer's
+# link, so the keys say which), LIBEXECDIR (its starter-suid must be root-owned and setuid) and
+# SYSCONFDIR (`allow setuid = no` in its config turns setuid off). compose2sif doctor decides the
+# same way (doctor.runtime_mode). buildcfg's answer is kept in RUNDIR, asked again when the
+# runtime's binary is newer than it.
+RT_MODE=""
+runtime_mode() {
+    [ -n "$RT_MODE" ] && return 0
+    if [ "$(id -u)" = 0 ]; then
+        RT_MODE=root
+        return 0
+    fi
+    local bin cache="$RUNDIR/runtime.buildcfg" cfg="" key value flavour="" suid="" libexec=/usr/libexec sysconf=/etc
+    local starter allow=yes line
+    bin=$(readlink -f "$(command -v "$RT")")
+    if [ -f "$cache" ] && [ "$cache" -nt "$bin" ] && [ "$(first_line "$cache")" = "$bin" ]; then
+        cfg=$(tail -n +2 "$cache")
+    else
+        cfg=$("$RT" buildcfg 2>/dev/null) || cfg=""
+        if [ -d "$RUNDIR" ]; then
+            printf '%s\n%s\n' "$bin" "$cfg" >"$cache.$$" && mv -f "$cache.$$" "$cache"
+        fi
+    fi
+    while IFS='=' read -r key value; do
+        case "$key" in
+            APPTAINER_SUID_INSTALL) flavour=apptainer suid=$value ;;
+            SINGULARITY_SUID_INSTALL) [ "$flavour" = apptainer ] || flavour=singularity suid=$value ;;
+            LIBEXECDIR) libexec=$value ;;
+            SYSCONFDIR) sysconf=$value ;;
+        esac
+    done <<<"$cfg"
+    [ -n "$flavour" ] || flavour=singularity
+    starter="$libexec/$flavour/bin/starter-suid"
+    while IFS= read -r line; do  # the last `allow setuid` line counts, as for the runtime
+        line=${line//[[:space:]]/}
+        case "$line" in allowsetuid=*) allow=${line#*=} ;; esac
+    done 2>/dev/null <"$sysconf/$flavour/$flavour.conf" || true
+    if [ "$suid" = 1 ] && [ -u "$starter" ] && [ "$(stat -c %u "$starter" 2>/dev/null)" = 0 ] &&
+        [ "${allow,,}" != no ]; then
+        RT_MODE=setuid
+    else
+        RT_MODE=unprivileged
+    fi
 }
 
 # The flags that give a command of the runtime the service's environment and nothing else, in

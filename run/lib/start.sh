@@ -137,6 +137,7 @@ start_service() {
     local name=$1 reason held i already=0
     load_service "$name"
     [ "${2:-}" = restart ] && S_DEPENDS=()
+    rm -f "$(logs_mark "$name")"  # until it starts, the logs there are an earlier run's
     [ ${#S_DEPENDS[@]} -gt 0 ] && progress "$name" "waiting for $(depends_text)"
     if ! reason=$(wait_dependencies); then
         set_status "$name" "failed $reason"
@@ -146,6 +147,7 @@ start_service() {
     service_state
     if [ "$STATE_NOW" = running ]; then
         progress "$name" "already running"
+        : >"$(logs_mark "$name")"
         already=1
     else
         if [ "$STATE_NOW" = exited ]; then
@@ -162,6 +164,7 @@ start_service() {
         fi
         prepare_dirs
         clear_logs
+        : >"$(logs_mark "$name")"
         rm -f "$RUNDIR/$name.stopped"
         runtime_flags
         if [ "$S_ONESHOT" = 1 ]; then

@@ -72,3 +72,27 @@ def test_doctor_on_the_rootless_node_says_unprivileged(node):
     proc = node.c2s("doctor", timeout=300)
     assert "ok   mode: unprivileged (`apptainer buildcfg` says APPTAINER_SUID_INSTALL=0)" in proc.stdout, proc.stdout
     assert "ok   definition files build here with fakeroot (hpc has a range in /etc/subuid)" in proc.stdout
+
+
+def test_images_that_cannot_be_built_are_refused_before_anything_starts_and_a_dropped_sif_is_used(setuid_node):
+    """Every image has a definition file today, so on this node each one needs fakeroot: `up` says
+    which in one line before anything starts; a SIF copied to the path that line names is used."""
+    reg = setuid_node.registry
+    setuid_node.copy_stack("build-stack", source="build-stack")
+    setuid_node.run("cd ~ && rm -rf setuid-build-out")
+    proc = setuid_node.c2s(f"-f build-stack/compose.yaml up -d --registry-mirror {reg} -o setuid-build-out",
+                           timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    found = re.search(r"^run\.sh: image (\S+) cannot be built here: its definition needs fakeroot \(setuid apptainer, "
+                      r"no user namespaces\); build it where user namespaces or root exist \(run\.sh build there\) and "
+                      r"copy it to (\S+)\.sif, or use --remote where the site has a build service$", proc.stderr, re.M)
+    assert found, proc.stderr
+    assert "FATAL" not in proc.stderr  # nothing was tried
+    listed = setuid_node.run("apptainer instance list", check=True).stdout
+    assert "hello" not in listed, listed
+    # a SIF built elsewhere, put where the line says (one from the registry will do for run.sh build)
+    proc = setuid_node.run(f"apptainer build {found.group(2)}.sif docker://{reg}/c2s/nginx:test", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = setuid_node.run("cd ~ && setuid-build-out/run.sh build", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "used as given" in proc.stderr, proc.stderr
