@@ -205,6 +205,7 @@ def test_dify_plus_vllm_is_one_job(tmp_path, scheduler):
     if not dify.is_dir():
         raise AssertionError(f"{dify} is missing: ../shared must be beside the repository")
     shutil.copytree(dify, tmp_path / "docker")
+    (tmp_path / "docker" / ".env").write_text("SSRF_PROXY_ALLOW_PRIVATE_IPS=192.0.2.0/24\n")  # the user's .env
     shutil.copytree(STACKS / "vllm-tp", tmp_path / "stacks" / "vllm-tp")
     shutil.copytree(STACKS / "dify-vllm", tmp_path / "stacks" / "dify-vllm")
     out = converted(tmp_path, tmp_path / "stacks" / "dify-vllm" / "compose.yaml",
@@ -212,7 +213,7 @@ def test_dify_plus_vllm_is_one_job(tmp_path, scheduler):
     text, _ = render(out, scheduler, "--group", "g")
     plan = json.loads((out / "plan.json").read_text())
     names = {s["name"] for s in plan["services"]}
-    assert {"vllm", "api", "web", "nginx", "db_postgres"} <= names or {"vllm", "api", "web", "nginx"} <= names
+    assert {"vllm", "api", "worker", "web", "nginx", "sandbox"} <= names, names
     got = values(text, "nodes", "services", "sifs")
     assert got["nodes"] == ["1"] and got["services"] == []
     assert len(got["sifs"]) == len({s["image"] for s in plan["services"]})
@@ -322,19 +323,38 @@ wait
 """
 
 
-def _standin_job(tmp_path, pack=False):
-    """A converted 2-node project (the plan of PP2) with stand-ins on PATH, and the job's environment."""
+STANDIN_PJRSH = r"""#!/bin/bash
+# STAND-IN for PJM's pjrsh HOST COMMAND: runs OpenMPI's orted here, as simulated node HOST
+host=$1
+shift
+C2S_STANDIN_HOST=$host exec bash -c "$*"
+"""
+
+OPENMPI = shutil.which("mpirun") and "Open MPI" in subprocess.run(
+    ["mpirun", "--version"], capture_output=True, text=True).stdout
+FLOW_DOCUMENTED = "mpirun -np $PJM_MPI_PROC -machinefile $PJM_O_NODEINF"  # without --map-by ppr:1:node
+
+
+def _standin_job(tmp_path, pack=False, openmpi=False):
+    """A converted 2-node project (the plan of PP2) with stand-ins on PATH, and the job's environment.
+    PACK: the launcher puts both tasks on the first node. OPENMPI: Debian's real mpirun, through a
+    stand-in pjrsh, instead of the mpirun stand-in."""
     out = converted(tmp_path, PP2)
     (out / "run.sh").write_text(STANDIN_RUNNER)
     (out / "run.sh").chmod(0o755)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in (("hostname", STANDIN_HOSTNAME), ("apptainer", STANDIN_APPTAINER), ("mpirun", STANDIN_MPIRUN)):
+    standins = [("hostname", STANDIN_HOSTNAME), ("apptainer", STANDIN_APPTAINER)]
+    standins.append(("pjrsh", STANDIN_PJRSH) if openmpi else ("mpirun", STANDIN_MPIRUN))
+    for name, text in standins:
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    job_text, _ = render(out, "pjm", "--group", "g", "--interface", "lo")
+    extra = ["--launcher", FLOW_DOCUMENTED] if pack and openmpi else []
+    job_text, _ = render(out, "pjm", "--group", "g", "--interface", "lo", *extra)
+    job_text = job_text.replace("cluster_timeout=600", "cluster_timeout=20")
+    job_text = job_text.replace("OMPI_MCA_plm_rsh_agent=/bin/pjrsh", f"OMPI_MCA_plm_rsh_agent={bin_dir}/pjrsh")
     job = tmp_path / "job.sh"
-    job.write_text(job_text.replace("cluster_timeout=600", "cluster_timeout=20"))
+    job.write_text(job_text)
     submit = tmp_path / "submit"
     submit.mkdir()
     (submit / "nodeinf").write_text("node0\nnode1\n")
@@ -344,7 +364,15 @@ def _standin_job(tmp_path, pack=False):
            "C2S_STANDIN_HOST": "node0", "C2S_STANDIN_PACK": "1" if pack else "0",
            "PJM_JOBID": "77", "PJM_O_WORKDIR": str(submit), "PJM_O_NODEINF": str(submit / "nodeinf"),
            "PJM_MPI_PROC": "2"}
+    if openmpi and os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return job, submit, rec, env
+
+
+def _launchers():
+    return [pytest.param(False, id="standin-mpirun"),
+            pytest.param(True, id="openmpi", marks=pytest.mark.skipif(
+                not OPENMPI and not CI, reason="Open MPI is not installed (apt-get install openmpi-bin)"))]
 
 
 def _nothing_left(session: int) -> None:
@@ -360,8 +388,11 @@ def _wait_for(predicate, seconds, what):
         time.sleep(0.2)
 
 
-def test_two_node_job_runs_ray_then_the_runner_and_stops_every_node_on_term(tmp_path):
-    job, submit, rec, env = _standin_job(tmp_path)
+@pytest.mark.parametrize("openmpi", _launchers())
+def test_two_node_job_runs_ray_then_the_runner_and_stops_every_node_on_term(tmp_path, openmpi):
+    """Cancelled: SIGTERM to every process of the job. OpenMPI's mpirun (and its stand-in) kill the
+    tasks with SIGKILL 1 s later; the keepers still stop each Ray node with its grace."""
+    job, submit, rec, env = _standin_job(tmp_path, openmpi=openmpi)
     log = tmp_path / "job.log"
     with open(log, "w") as fh:
         proc = subprocess.Popen(["bash", str(job)], stdout=fh, stderr=subprocess.STDOUT, env=env,
@@ -379,7 +410,6 @@ def test_two_node_job_runs_ray_then_the_runner_and_stops_every_node_on_term(tmp_
         assert "Ray cluster: 2 nodes" in log.read_text()
         job_dir = submit / ".compose2sif-batch" / "77"
         assert sorted(p.name for p in job_dir.glob("rank-on-*")) == ["rank-on-node0", "rank-on-node1"]
-        # cancel: SIGTERM to every process of the job; the mpirun stand-in SIGKILLs its tasks 1 s later
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
         text = events.read_text()
@@ -393,8 +423,10 @@ def test_two_node_job_runs_ray_then_the_runner_and_stops_every_node_on_term(tmp_
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_two_tasks_on_one_node_stop_the_job_with_one_line(tmp_path):
-    job, submit, rec, env = _standin_job(tmp_path, pack=True)
+@pytest.mark.parametrize("openmpi", _launchers())
+def test_two_tasks_on_one_node_stop_the_job_with_one_line(tmp_path, openmpi):
+    """With OpenMPI: Flow's documented mpirun line, which fills the first node's slots first."""
+    job, submit, rec, env = _standin_job(tmp_path, pack=True, openmpi=openmpi)
     proc = subprocess.run(["bash", str(job)], capture_output=True, text=True, env=env, timeout=60,
                           start_new_session=True)
     assert proc.returncode == 1
