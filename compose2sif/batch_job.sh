@@ -197,6 +197,8 @@ wait_for_ray() {  # the head's "ADDRESS IFNAME" once every node joined, passed t
     say "Ray cluster: $nodes nodes, head $address:$ray_port ($ifname)"
     pass_env RAY_ADDRESS "$address:$ray_port"
     pass_env VLLM_HOST_IP "$address"
+    pass_env RAY_NODE_IP_ADDRESS "$address"  # the Ray driver's node: the head's address, not the default route's
+    pass_env RAY_OVERRIDE_NODE_IP_ADDRESS "$address"
     pass_env NCCL_SOCKET_IFNAME "$ifname"
     pass_env GLOO_SOCKET_IFNAME "$ifname"
 }
@@ -302,8 +304,8 @@ set_sif_opts() {  # the Ray service's environment file (evaluated or not, as the
         sif_opts+=(--env-file "$ray_env.eval.env")
     fi
     [ "$gpus_per_node" -gt 0 ] && sif_opts+=(--nv)
-    sif_opts+=(${ray_binds[@]+"${ray_binds[@]}"} --env "VLLM_HOST_IP=$1" --env "NCCL_SOCKET_IFNAME=$2"
-        --env "GLOO_SOCKET_IFNAME=$2")
+    sif_opts+=(${ray_binds[@]+"${ray_binds[@]}"} --env "VLLM_HOST_IP=$1" --env "RAY_NODE_IP_ADDRESS=$1"
+        --env "RAY_OVERRIDE_NODE_IP_ADDRESS=$1" --env "NCCL_SOCKET_IFNAME=$2" --env "GLOO_SOCKET_IFNAME=$2")
 }
 
 ray_nodes() {  # how many nodes the Ray cluster at $1 has
