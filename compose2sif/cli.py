@@ -169,18 +169,14 @@ def doctor(state: _State, args) -> int:
 
 
 def batch(state: _State, args) -> int:
-    """Write a PJM or Slurm job script that serves SERVICE for the job's length (Ray across nodes)."""
+    """Write a PJM or Slurm job script that runs the converted project (or SERVICEs) for the job's length."""
     from compose2sif import batch as batch_job
-    from compose2sif.convert import located
-    from compose2sif.model import services as typed_services
-    project = state.load()
-    chosen = batch_job.pick_service(typed_services(project), args.service)
+    out_dir = os.path.abspath(args.dir) if args.dir else _existing_output(state, None)  # --dir: no compose file
     options = batch_job.BatchOptions(
         scheduler=args.scheduler, group=args.group, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-        elapse=args.elapse, job_output=args.job_output, modules=list(args.modules), sif=args.sif,
-        cache_dir=args.cache_dir, interface=args.interface, launcher=args.launcher)
-    with located(project):
-        script, warnings = batch_job.render(project.name, project.working_dir, chosen, options)
+        elapse=args.elapse, job_output=args.job_output, modules=list(args.modules), interface=args.interface,
+        launcher=args.launcher, mpi=args.mpi, site=args.site, site_file=args.site_file)
+    script, warnings = batch_job.render(batch_job.load_plan(out_dir), out_dir, list(args.services), options)
     for warning in warnings:
         _err(f"WARN {warning}")
     if args.output:
@@ -320,18 +316,20 @@ def _exec_arguments(sub: argparse.ArgumentParser) -> None:
 
 def _batch_arguments(sub: argparse.ArgumentParser) -> None:
     add = sub.add_argument
+    add("services", nargs="*", metavar="SERVICE", help="Services to run, with what they depend on (default: all).")
     add("--scheduler", choices=["pjm", "slurm"], required=True)
-    add("--service", help="The service to serve (default: the one with GPUs).")
+    add("--dir", metavar="DIR", help="The output directory of convert (default: ./compose2sif-PROJECT).")
     add("--group", help="PJM resource group (rscgrp) or Slurm partition.")
-    add("--nodes", type=_at_least(1), help="Default: tensor x pipeline parallel size / GPUs per node.")
-    add("--gpus-per-node", type=_at_least(0), help="Default: the service's GPU reservation.")
+    add("--site", help="A site whose conventions apply (flow), see docs/batch.md.")
+    add("--site-file", metavar="FILE", help="JSON: more sites (resource groups, MPI style), see docs/batch.md.")
+    add("--mpi", help="How one task per node is started: srun, openmpi (through pjrsh), fujitsu.")
+    add("--nodes", type=_at_least(1), help="Default: what a model server spanning nodes over Ray needs (its parallel size / GPUs per node).")
+    add("--gpus-per-node", type=_at_least(0), help="Default: the site's, else the largest GPU reservation.")
     add("--elapse", default="1:00:00", help="Wall time, H:MM:SS (default: 1:00:00).")
     add("--job-output", metavar="FILE", help="The job's output file.")
     add("--module", dest="modules", action="append", default=[], help="A module to load first (repeatable).")
-    add("--sif", metavar="FILE", help="The service's SIF (default: its x-compose2sif.image.sif).")
-    add("--cache-dir", metavar="DIR", help="Bound on /cache for model caches (default: PROJECT_DIR/cache).")
     add("--interface", default="ib0", help="Network between the nodes (default: ib0; fallback: default route).")
-    add("--launcher", help="Command that starts one task per node (default: srun ... / mpiexec -n N -ppn 1).")
+    add("--launcher", help="Command that starts one task per node, as shell words ($VAR: the job's variable).")
     add("-o", "--output", metavar="FILE", help="Write the job script here (default: standard output).")
 
 

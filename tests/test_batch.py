@@ -1,14 +1,19 @@
-"""`compose2sif batch`: PJM and Slurm job scripts for the vllm-tp stacks, on 1 and 2 nodes.
+"""`compose2sif batch`: PJM and Slurm job scripts that run a converted project (the runner `run.sh up`)
+for the length of a job, with Ray workers on the other nodes where a vLLM service spans nodes.
 
-The scripts must pass `bash -n` and shellcheck, carry every compose value as one quoted word, and
-their shell helpers (node list, rank, interface) must do what the scheduler's environment says.
+The scripts must pass `bash -n` and shellcheck, carry every value as one quoted word, write what the
+scheduler and the site accept, and refuse what they would reject. The generated script is also run
+whole, as the scheduler runs it, under STAND-INS named as such (this machine has no PJM, Slurm, GPU
+or vLLM): a stand-in runner, apptainer, launcher and hostname. Where Debian's OpenMPI is installed,
+the real mpirun places the ranks from a machinefile, through a pjrsh stand-in.
 The stacks themselves must load exactly as Docker Compose loads them."""
 import json
 import os
-import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 STACKS = REPO / "stacks"
 TP4 = STACKS / "vllm-tp" / "qwen3-32b-tp4" / "compose.yaml"
 PP2 = STACKS / "vllm-tp" / "llama-70b-tp4-pp2" / "compose.yaml"
+CHAT = STACKS / "llm-chat" / "compose.yaml"
 CI = bool(os.environ.get("CI"))
 
 
@@ -27,19 +33,29 @@ def c2s(*args, cwd=REPO, env=None):
                           env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
 
 
-def render(tmp_path, compose, scheduler, *extra):
-    out = tmp_path / f"job-{scheduler}.sh"
-    proc = c2s("-f", str(compose), "batch", "--scheduler", scheduler, "--group", "gpu-grp", "-o", str(out), *extra)
+def converted(tmp_path: Path, compose: Path, env=None) -> Path:
+    """`convert --offline` of COMPOSE, with a placeholder file for every SIF (nothing here is built)."""
+    out = tmp_path / ("out-" + compose.parent.name)
+    proc = c2s("-f", str(compose), "convert", "--offline", "-o", str(out), env=env)
     assert proc.returncode == 0, proc.stderr
-    return out, out.read_text(), proc.stderr
+    for image in json.loads((out / "plan.json").read_text())["images"].values():
+        (out / image["sif"]).write_text("placeholder, not a SIF\n")
+    return out
 
 
-def values(script: str) -> dict:
+def render(out: Path, scheduler, *extra, expect=0):
+    job = out.parent / f"job-{scheduler}.sh"
+    proc = c2s("batch", "--dir", str(out), "--scheduler", scheduler, "-o", str(job), *extra, cwd=out.parent)
+    assert proc.returncode == expect, proc.stderr
+    return (job.read_text() if expect == 0 else ""), proc.stderr
+
+
+def values(script: str, *names) -> dict:
     """The header's NAME=VALUE assignments, as bash reads them."""
-    names = ["nodes", "gpus_per_node", "sif", "serve_args", "sif_opts", "launcher", "port", "cache_dir"]
     dump = "; ".join(f'printf "%s\\0" {n} "${{#{n}[@]}}" "${{{n}[@]}}"' for n in names)
     header = script.split("set -uo pipefail")[0]
-    raw = subprocess.run(["bash", "-c", header + "\n" + dump], capture_output=True, text=True, check=True).stdout
+    raw = subprocess.run(["bash", "-c", header + "\n" + dump], capture_output=True, text=True, check=True,
+                         env={"PATH": os.environ["PATH"], "PJM_MPI_PROC": "2", "PJM_O_NODEINF": "/x/nodeinf"}).stdout
     words, out = raw.split("\0")[:-1], {}
     while words:
         name, count = words[0], int(words[1])
@@ -47,93 +63,168 @@ def values(script: str) -> dict:
     return out
 
 
-@pytest.mark.parametrize("scheduler", ["pjm", "slurm"])
-@pytest.mark.parametrize("compose,nodes", [(TP4, 1), (PP2, 2)])
-def test_job_scripts_render_and_pass_bash_n_and_shellcheck(tmp_path, compose, nodes, scheduler):
-    script, text, stderr = render(tmp_path, compose, scheduler, "--module", "cuda/12.4", "--elapse", "2:30:00")
-    assert os.access(script, os.X_OK)
-    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
-    if scheduler == "pjm":
-        for line in ("#PJM -L rscgrp=gpu-grp", f"#PJM -L node={nodes}", "#PJM -L gpu=4", "#PJM -L elapse=2:30:00"):
-            assert line in text.splitlines()
-    else:
-        for line in ("#SBATCH --partition=gpu-grp", f"#SBATCH --nodes={nodes}", "#SBATCH --gpus-per-node=4",
-                     "#SBATCH --time=2:30:00"):
-            assert line in text.splitlines()
-    assert "    module load cuda/12.4" in text.splitlines()
-    # the TP=4 stack publishes on 127.0.0.1 for `up`; a job serves on the node's ib0 address instead
-    assert ("WARN services.vllm.ports: 127.0.0.1:8000:8000 is not used" in stderr) == (compose == TP4), stderr
-    got = values(text)
-    assert got["nodes"] == [str(nodes)] and got["gpus_per_node"] == ["4"]
-    assert ("--distributed-executor-backend=ray" in got["serve_args"]) == (nodes == 2)
-    assert got["launcher"][0] == ("mpiexec" if scheduler == "pjm" else "srun")
+def shellcheck(text: str, tmp_path: Path) -> None:
+    assert subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True).returncode == 0
     if shutil.which("shellcheck") is None:
         if CI:
             pytest.fail("shellcheck is not installed")
         pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    script = tmp_path / "check.sh"
+    script.write_text(text)
     check = subprocess.run(["shellcheck", "-s", "bash", str(script)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout
 
 
-HOSTILE = "$(touch /tmp/c2s-pwned) `id` ' \" ; & | > *"
+# ---- what is written ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scheduler", ["pjm", "slurm"])
+def test_a_whole_project_is_one_job_on_one_node(tmp_path, scheduler):
+    out = converted(tmp_path, CHAT)
+    text, stderr = render(out, scheduler, "--group", "gpu-grp", "--elapse", "2:30:00", "--module", "apptainer")
+    lines = text.splitlines()
+    if scheduler == "pjm":
+        for line in ("#PJM -L rscgrp=gpu-grp", "#PJM -L node=1", "#PJM -L gpu=4", "#PJM -L elapse=2:30:00"):
+            assert line in lines
+        assert not [line for line in lines if line.startswith("#PJM --mpi")]  # one node: no launcher
+    else:
+        for line in ("#SBATCH --partition=gpu-grp", "#SBATCH --nodes=1", "#SBATCH --gpus-per-node=4",
+                     "#SBATCH --time=2:30:00", f"#SBATCH --job-name={json.loads((out / 'plan.json').read_text())['project']}"):
+            assert line in lines
+        assert [line for line in lines if line.startswith("#SBATCH --signal=B:TERM@")]
+    got = values(text, "nodes", "run_dir", "services", "sifs", "published", "ray_service", "elapse_s")
+    plan = json.loads((out / "plan.json").read_text())
+    assert got["nodes"] == ["1"] and got["run_dir"] == [str(out)] and got["services"] == []  # all of them
+    assert got["ray_service"] == [""] and got["elapse_s"] == ["9000"]
+    assert sorted(got["sifs"]) == sorted({str(out / i["sif"]) for i in plan["images"].values()})
+    published = {f"{p['address']}:{p['host']}" for s in plan["services"] for p in s["ports"] if p["published"]}
+    assert published and set(got["published"]) == published
+    assert "    module load apptainer" in lines
+    shellcheck(text, tmp_path)
 
 
-def test_every_compose_value_is_one_quoted_word(tmp_path):
-    project = tmp_path / "p"
-    (project / "models").mkdir(parents=True)
-    quoted = json.dumps(HOSTILE.replace("$", "$$"))  # a YAML string; $$ is Compose's literal $
-    (project / "compose.yaml").write_text(f"""
-services:
-  llm:
-    image: example/llm
-    x-compose2sif: {{image: {{sif: ./llm.sif}}}}
-    command: ["/models/m", "--served-model-name", {quoted}, "--host", "0.0.0.0", "--port", "9000"]
-    environment:
-      API_KEY: {quoted}
-    volumes: ["./models:/models:ro"]
-""")
-    _, text, _ = render(tmp_path, project / "compose.yaml", "slurm")
-    got = values(text)
-    assert got["serve_args"] == ["/models/m", "--served-model-name", HOSTILE, "--port", "9000"]  # --host: the job's
-    assert got["port"] == ["9000"]
-    assert got["sif"] == [str(project / "llm.sif")]
-    assert got["sif_opts"] == ["--bind", f"{project}/models:/models:ro", "--bind", f"{project}/cache:/cache"]
-    assert f"pass_env API_KEY {shlex.quote(HOSTILE)}" in text
-    assert not Path("/tmp/c2s-pwned").exists()
+@pytest.mark.parametrize("scheduler", ["pjm", "slurm"])
+def test_named_services_are_what_run_sh_up_is_given(tmp_path, scheduler):
+    out = converted(tmp_path, CHAT)
+    text, _ = render(out, scheduler, "--group", "g", "api")
+    got = values(text, "services", "sifs")
+    assert got["services"] == ["api"]
+    plan = {s["name"]: s for s in json.loads((out / "plan.json").read_text())["services"]}
+    assert len(got["sifs"]) < len(plan)  # only what api needs (and what it depends on)
+    _, stderr = render(out, scheduler, "--group", "g", "no-such", expect=1)
+    assert "no service 'no-such'" in stderr and stderr.count("\n") == 1
 
 
-def test_bad_input_is_one_line_naming_file_service_and_key(tmp_path):
-    project = tmp_path / "p"
-    project.mkdir()
-    compose = project / "compose.yaml"
-    compose.write_text("services:\n  llm:\n    image: example/llm\n    volumes: [data:/data]\nvolumes: {data: {}}\n")
-    proc = c2s("-f", str(compose), "batch", "--scheduler", "pjm", "--group", "g", "--sif", "x.sif")
-    assert proc.returncode == 1
-    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
-    assert str(compose) in proc.stderr and "services.llm.volumes" in proc.stderr, proc.stderr
-    proc = c2s("-f", str(compose), "batch", "--scheduler", "slurm", "--elapse", "90 minutes", "--sif", "x.sif")
-    assert proc.returncode == 1 and "--elapse" in proc.stderr
-    proc = c2s("-f", str(TP4), "batch", "--scheduler", "slurm", "--job-output", "x.out\nrm -rf ~")
-    assert proc.returncode == 1 and "--job-output" in proc.stderr and "Traceback" not in proc.stderr
-    proc = c2s("-f", str(TP4), "batch", "--scheduler", "pjm")
-    assert proc.returncode == 1 and "rscgrp" in proc.stderr
+def test_flow_two_nodes_openmpi_through_pjrsh(tmp_path):
+    out = converted(tmp_path, PP2)
+    text, stderr = render(out, "pjm", "--site", "flow", "--group", "cx-small", "--elapse", "4:00:00")
+    lines = text.splitlines()
+    for line in ("#PJM -L rscgrp=cx-small", "#PJM -L node=2", "#PJM --mpi proc=2",
+                 "export OMPI_MCA_plm_rsh_agent=/bin/pjrsh"):
+        assert line in lines, text[:1500]
+    assert not [line for line in lines if line.startswith("#PJM -L gpu=")]  # whole nodes outside cx-share
+    assert "--group cx-small: not in site flow's table" in stderr
+    got = values(text, "nodes", "launcher", "ray_service", "ray_binds", "ray_grace")
+    assert got["nodes"] == ["2"] and got["ray_service"] == ["vllm"] and got["ray_grace"] == ["10"]
+    # PJM's variables are expanded when the job runs: here PJM_MPI_PROC=2, PJM_O_NODEINF=/x/nodeinf
+    assert got["launcher"] == ["mpirun", "-np", "2", "-machinefile", "/x/nodeinf", "--map-by", "ppr:1:node"]
+    assert any(b.endswith("/models:/models:ro") for b in got["ray_binds"])
+    shellcheck(text, tmp_path)
+    # cx-share takes gpu= but holds one node: a 2-node job is refused there, a 1-node job gets gpu=4
+    _, stderr = render(out, "pjm", "--site", "flow", "--group", "cx-share", expect=1)
+    assert "--group cx-share holds at most 1 node(s), the job needs 2" in stderr and stderr.count("\n") == 1
+    text, _ = render(converted(tmp_path, TP4), "pjm", "--site", "flow", "--group", "cx-share")
+    assert "#PJM -L gpu=4" in text.splitlines()
 
 
-def test_unused_keys_get_a_warning_each(tmp_path):
-    project = tmp_path / "p"
-    project.mkdir()
-    (project / "compose.yaml").write_text("services:\n  llm:\n    image: example/llm\n    restart: always\n"
-                                          "    shm_size: 1g\n    x-compose2sif: {image: {sif: ./llm.sif}}\n")
-    _, _, stderr = render(tmp_path, project / "compose.yaml", "slurm")
-    assert "WARN services.llm.restart: not used by the batch job" in stderr
-    assert "WARN services.llm.shm_size: not used by the batch job" in stderr
+def test_fujitsu_mpi_and_a_launcher_given_as_shell_words(tmp_path):
+    out = converted(tmp_path, PP2)
+    text, _ = render(out, "pjm", "--group", "g", "--mpi", "fujitsu")
+    assert "#PJM --mpi rank-map-bynode" in text.splitlines()
+    assert values(text, "launcher")["launcher"] == ["mpiexec", "-n", "2"]
+    text, _ = render(out, "pjm", "--group", "g", "--launcher",
+                     """mpirun -np $PJM_MPI_PROC --hostfile ${PJM_O_NODEINF} -x "A B" --map-by 'ppr:1:node'""")
+    assert values(text, "launcher")["launcher"] == ["mpirun", "-np", "2", "--hostfile", "/x/nodeinf", "-x", "A B",
+                                                    "--map-by", "ppr:1:node"]
+    _, stderr = render(out, "pjm", "--group", "g", "--mpi", "srun", expect=1)
+    assert "--mpi srun is for slurm" in stderr
 
 
-def _helpers(script: Path, env: dict, call: str, args=()) -> str:
+def test_slurm_two_nodes_srun_and_what_sinfo_says(tmp_path):
+    out = converted(tmp_path, PP2)
+    text, _ = render(out, "slurm")
+    assert values(text, "launcher")["launcher"] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+                                                    "--kill-on-bad-exit=1"]
+    # a STAND-IN for sinfo (the login node's view of the partitions) decides what sbatch would reject
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    standin = bin_dir / "sinfo"
+    path = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def sinfo(rows):
+        standin.write_text(f"#!/bin/sh\n# STAND-IN for sinfo -h -o '%P %D %G'\nprintf '{rows}'\n")
+        standin.chmod(0o755)
+
+    sinfo(r"debug* 2 (null)\ngpu 1 gpu:4\n")
+    job = tmp_path / "j.sh"
+    proc = c2s("batch", "--dir", str(out), "--scheduler", "slurm", "-o", str(job), env=path)
+    assert proc.returncode == 1 and "partition debug defines no GPU gres" in proc.stderr, proc.stderr
+    assert "--gpus-per-node 0" in proc.stderr and proc.stderr.count("\n") == 1
+    proc = c2s("batch", "--dir", str(out), "--scheduler", "slurm", "--group", "gpu", "-o", str(job), env=path)
+    assert proc.returncode == 1 and "partition gpu has 1 node(s), the job needs 2" in proc.stderr, proc.stderr
+    proc = c2s("batch", "--dir", str(out), "--scheduler", "slurm", "--group", "nope", "-o", str(job), env=path)
+    assert proc.returncode == 1 and "no such Slurm partition" in proc.stderr
+    sinfo(r"gpu* 2 gpu:4\n")
+    proc = c2s("batch", "--dir", str(out), "--scheduler", "slurm", "-o", str(job), env=path)
+    assert proc.returncode == 0 and "#SBATCH --gpus-per-node=4" in job.read_text().splitlines()
+
+
+def test_checks_before_the_job_each_one_line_naming_the_fix(tmp_path):
+    out = converted(tmp_path, PP2)
+    (out / "sif" / "vllm-v100.sif").unlink()
+    _, stderr = render(out, "slurm", expect=1)
+    assert "vllm-v100.sif is missing: run" in stderr and "run.sh build first" in stderr
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr
+    _, stderr = render(tmp_path / "nothing-here", "slurm", expect=1)
+    assert "plan.json is missing: run `compose2sif convert" in stderr
+    out = converted(tmp_path, TP4)
+    _, stderr = render(out, "slurm", "--nodes", "2", expect=1)
+    assert "no service spans nodes" in stderr
+    _, stderr = render(out, "slurm", "--elapse", "90 minutes", expect=1)
+    assert "--elapse" in stderr
+    _, stderr = render(out, "slurm", "--job-output", "x.out\nrm -rf ~", expect=1)
+    assert "--job-output" in stderr and "Traceback" not in stderr
+    _, stderr = render(out, "pjm", expect=1)
+    assert "rscgrp" in stderr
+
+
+@oracle_mark()
+@pytest.mark.parametrize("scheduler", ["pjm", "slurm"])
+def test_dify_plus_vllm_is_one_job(tmp_path, scheduler):
+    """With a copy of Dify 1.17.1's docker/ directory standing in for the user's checkout."""
+    dify = REPO.parent / "shared" / "reference" / "dify-1.17.1"
+    if not dify.is_dir():
+        raise AssertionError(f"{dify} is missing: ../shared must be beside the repository")
+    shutil.copytree(dify, tmp_path / "docker")
+    (tmp_path / "docker" / ".env").write_text("SSRF_PROXY_ALLOW_PRIVATE_IPS=192.0.2.0/24\n")  # the user's .env
+    shutil.copytree(STACKS / "vllm-tp", tmp_path / "stacks" / "vllm-tp")
+    shutil.copytree(STACKS / "dify-vllm", tmp_path / "stacks" / "dify-vllm")
+    out = converted(tmp_path, tmp_path / "stacks" / "dify-vllm" / "compose.yaml",
+                    env={"DIFY_DOCKER_DIR": str(tmp_path / "docker")})
+    text, _ = render(out, scheduler, "--group", "g")
+    plan = json.loads((out / "plan.json").read_text())
+    names = {s["name"] for s in plan["services"]}
+    assert {"vllm", "api", "worker", "web", "nginx", "sandbox"} <= names, names
+    got = values(text, "nodes", "services", "sifs")
+    assert got["nodes"] == ["1"] and got["services"] == []
+    assert len(got["sifs"]) == len({s["image"] for s in plan["services"]})
+    shellcheck(text, tmp_path)
+
+
+# ---- the script's helpers, under a scheduler's environment -------------------------------------
+
+def _helpers(text: str, env: dict, call: str, args=()) -> str:
     """Run one of the job script's shell functions with a scheduler's environment and the script's ARGS."""
-    text = script.read_text()
-    functions = text.split("set -uo pipefail")[1].rsplit('\nif [ "${1:-}" = --node ]', 1)[0]
-    functions = functions.replace('runtime=$(command -v apptainer || command -v singularity) || {', 'true || {')
+    functions = text.split("set -uo pipefail")[1].rsplit('\ncase "${1:-}" in\n    --node)', 1)[0]
     proc = subprocess.run(["bash", "-c", text.split("set -uo pipefail")[0] + functions + "\n" + call, "job.sh",
                            *args], capture_output=True, text=True, env={"PATH": os.environ["PATH"], **env})
     assert proc.returncode == 0, proc.stderr
@@ -141,41 +232,230 @@ def _helpers(script: Path, env: dict, call: str, args=()) -> str:
 
 
 def test_node_lists_and_ranks_come_from_the_scheduler(tmp_path):
-    script, _, _ = render(tmp_path, PP2, "slurm")
+    text, _ = render(converted(tmp_path, PP2), "slurm")
     hostname = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
-    slurm = _helpers(script, {"SLURM_JOB_NODELIST": "gpu[008-010,012],login1,x[1-2]"}, "node_names")
+    slurm = _helpers(text, {"SLURM_JOB_NODELIST": "gpu[008-010,012],login1,x[1-2]"}, "node_names")
     assert slurm.split() == ["gpu008", "gpu009", "gpu010", "gpu012", "login1", "x1", "x2"]
     nodeinf = tmp_path / "nodeinf"
     nodeinf.write_text(f"other1\n{hostname}.example.org\n")
-    assert _helpers(script, {"PJM_O_NODEINF": str(nodeinf)}, "my_rank").strip() == "1"
-    assert _helpers(script, {"SLURM_JOB_NODELIST": "a,b", "SLURM_NODEID": "1"}, "my_rank").strip() == "1"
+    assert _helpers(text, {"PJM_O_NODEINF": str(nodeinf)}, "my_rank").strip() == "1"
     addresses = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
     if addresses:  # a node list of addresses (some PJM sites)
         nodeinf.write_text(f"198.51.100.1\n198.51.100.2\n{addresses[0]}\n")  # TEST-NET-2: not ours
-        assert _helpers(script, {"PJM_O_NODEINF": str(nodeinf)}, "my_rank").strip() == "2"
-
-
-def test_node_parts_take_job_dir_and_node_list_from_the_batch_step(tmp_path):
-    """A launcher (mpiexec) need not pass PJM's environment on: `--node JOB_DIR` and JOB_DIR/nodes suffice."""
-    script, _, _ = render(tmp_path, PP2, "pjm")
-    hostname = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+        assert _helpers(text, {"PJM_O_NODEINF": str(nodeinf)}, "my_rank").strip() == "2"
     job_dir = tmp_path / "submit" / ".compose2sif-batch" / "123.pjm"
     job_dir.mkdir(parents=True)
     (job_dir / "nodes").write_text(f"head-node\n{hostname}\n")
-    out = _helpers(script, {}, 'echo "$job_dir $job_id $(my_rank)"', ["--node", str(job_dir)])
+    out = _helpers(text, {}, 'echo "$job_dir $job_id $(my_rank)"', ["--node", str(job_dir)])
     assert out.split() == [str(job_dir), "123.pjm", "1"]
 
 
 def test_interface_by_name_with_a_fallback(tmp_path):
-    script, _, _ = render(tmp_path, PP2, "pjm")
-    name, addr = _helpers(script, {}, "iface=lo; choose_interface").split()
+    text, _ = render(converted(tmp_path, PP2), "pjm", "--group", "g")
+    name, addr = _helpers(text, {}, "iface=lo; choose_interface").split()
     assert (name, addr) == ("lo", "127.0.0.1")
     fallback = subprocess.run(["bash", "-c", "ip -o -4 route get 192.0.2.1"], capture_output=True, text=True)
     if fallback.returncode != 0:
         pytest.skip("this machine has no default route to fall back to")
-    name, addr = _helpers(script, {}, "iface=no-such-if0; choose_interface 2>/dev/null").split()
+    name, addr = _helpers(text, {}, "iface=no-such-if0; choose_interface 2>/dev/null").split()
     assert f"dev {name}" in fallback.stdout and f"src {addr}" in fallback.stdout
 
+
+# ---- the whole script, run as the scheduler runs it, under stand-ins ---------------------------
+
+STANDIN_HOSTNAME = """#!/bin/bash
+# STAND-IN for hostname: each simulated node's task has C2S_STANDIN_HOST (no -I addresses)
+case "${1:-}" in -I) echo ;; *) echo "${C2S_STANDIN_HOST:?}" ;; esac
+"""
+
+# Plays a Ray node: `ray start --block` stays up, joins by a file, and takes 1 s to stop on SIGTERM
+# (a grace the keeper must wait for); `ray status` counts the joined nodes.
+STANDIN_APPTAINER = r"""#!/bin/bash
+# STAND-IN for apptainer: only what the job script calls on the Ray service's SIF
+rec=${C2S_STANDIN_DIR:?}
+case "$*" in
+    "exec --help") echo "      --no-eval   do not shell evaluate env vars" ; exit 0 ;;
+esac
+args=" $* "
+if [[ $args == *" ray status "* ]]; then
+    echo "Active:"; for f in "$rec"/joined.*; do [ -e "$f" ] && echo " 1 node_${f##*.}"; done; echo "Pending:"
+    exit 0
+fi
+if [[ $args == *" ray start "* ]]; then
+    host=$(hostname -s)
+    role=worker; [[ $args == *" --head "* ]] && role=head
+    printf '%s\n' "$*" >"$rec/ray-args.$host"
+    trap 'sleep 1; echo "$role on $host stopped after SIGTERM" >>"$rec/events"; rm -f "$rec/joined.$host"; exit 0' TERM
+    : >"$rec/joined.$host"
+    echo "$role on $host started" >>"$rec/events"
+    while :; do sleep 0.2; done
+fi
+echo "unexpected: $*" >>"$rec/events"; exit 1
+"""
+
+STANDIN_RUNNER = r"""#!/bin/bash
+# STAND-IN for the converted project's run.sh: `up` in the foreground until SIGTERM, `down`
+rec=${C2S_STANDIN_DIR:?}
+case "$1" in
+    up)
+        echo "up [${*:2}] RAY_ADDRESS=${APPTAINERENV_RAY_ADDRESS:-} VLLM_HOST_IP=${APPTAINERENV_VLLM_HOST_IP:-}" >>"$rec/events"
+        trap 'echo "up stopped by SIGTERM" >>"$rec/events"; exit 0' TERM
+        while :; do sleep 0.2; done ;;
+    down) echo "down" >>"$rec/events" ;;
+esac
+"""
+
+# Plays OpenMPI's mpirun under PJM: one task per node of the machinefile (or, with
+# C2S_STANDIN_PACK=1, every task on the first node, as OpenMPI did without --map-by ppr:1:node),
+# and on SIGTERM kills its tasks with SIGKILL 1 s later.
+STANDIN_MPIRUN = r"""#!/bin/bash
+# STAND-IN for mpirun -np N -machinefile FILE --map-by ppr:1:node COMMAND...
+n=$2 file=$4; shift 6
+mapfile -t hosts < <(awk 'NF { print $1 }' "$file")
+pids=()
+for ((i = 0; i < n; i++)); do
+    host=${hosts[i]}; [ "${C2S_STANDIN_PACK:-0}" = 1 ] && host=${hosts[0]}
+    C2S_STANDIN_HOST=$host OMPI_COMM_WORLD_RANK=$i "$@" &
+    pids+=($!)
+done
+trap 'kill -TERM "${pids[@]}" 2>/dev/null; sleep 1; kill -KILL "${pids[@]}" 2>/dev/null; exit 143' TERM
+wait
+"""
+
+
+STANDIN_PJRSH = r"""#!/bin/bash
+# STAND-IN for PJM's pjrsh HOST COMMAND: runs OpenMPI's orted here, as simulated node HOST
+host=$1
+shift
+C2S_STANDIN_HOST=$host exec bash -c "$*"
+"""
+
+OPENMPI = shutil.which("mpirun") and "Open MPI" in subprocess.run(
+    ["mpirun", "--version"], capture_output=True, text=True).stdout
+FLOW_DOCUMENTED = "mpirun -np $PJM_MPI_PROC -machinefile $PJM_O_NODEINF"  # without --map-by ppr:1:node
+
+
+def _standin_job(tmp_path, pack=False, openmpi=False):
+    """A converted 2-node project (the plan of PP2) with stand-ins on PATH, and the job's environment.
+    PACK: the launcher puts both tasks on the first node. OPENMPI: Debian's real mpirun, through a
+    stand-in pjrsh, instead of the mpirun stand-in."""
+    out = converted(tmp_path, PP2)
+    (out / "run.sh").write_text(STANDIN_RUNNER)
+    (out / "run.sh").chmod(0o755)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    standins = [("hostname", STANDIN_HOSTNAME), ("apptainer", STANDIN_APPTAINER)]
+    standins.append(("pjrsh", STANDIN_PJRSH) if openmpi else ("mpirun", STANDIN_MPIRUN))
+    for name, text in standins:
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    extra = ["--launcher", FLOW_DOCUMENTED] if pack and openmpi else []
+    job_text, _ = render(out, "pjm", "--group", "g", "--interface", "lo", *extra)
+    job_text = job_text.replace("cluster_timeout=600", "cluster_timeout=20")
+    job_text = job_text.replace("OMPI_MCA_plm_rsh_agent=/bin/pjrsh", f"OMPI_MCA_plm_rsh_agent={bin_dir}/pjrsh")
+    job = tmp_path / "job.sh"
+    job.write_text(job_text)
+    submit = tmp_path / "submit"
+    submit.mkdir()
+    (submit / "nodeinf").write_text("node0\nnode1\n")
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "C2S_STANDIN_DIR": str(rec),
+           "C2S_STANDIN_HOST": "node0", "C2S_STANDIN_PACK": "1" if pack else "0",
+           "PJM_JOBID": "77", "PJM_O_WORKDIR": str(submit), "PJM_O_NODEINF": str(submit / "nodeinf"),
+           "PJM_MPI_PROC": "2"}
+    if openmpi and os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return job, submit, rec, env
+
+
+def _launchers():
+    return [pytest.param(False, id="standin-mpirun"),
+            pytest.param(True, id="openmpi", marks=pytest.mark.skipif(
+                not OPENMPI and not CI, reason="Open MPI is not installed (apt-get install openmpi-bin)"))]
+
+
+def _nothing_left(session: int) -> None:
+    """No process of the job's session (the scheduler's view of the job) is left, zombies aside."""
+    left = subprocess.run(["ps", "-s", str(session), "-o", "pid=,stat=,args="], capture_output=True, text=True)
+    assert [line for line in left.stdout.splitlines() if " Z" not in line] == [], left.stdout
+
+
+def _wait_for(predicate, seconds, what):
+    deadline = time.time() + seconds
+    while not predicate():
+        assert time.time() < deadline, what()
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("openmpi", _launchers())
+def test_two_node_job_runs_ray_then_the_runner_and_stops_every_node_on_term(tmp_path, openmpi):
+    """Cancelled: SIGTERM to every process of the job. OpenMPI's mpirun (and its stand-in) kill the
+    tasks with SIGKILL 1 s later; the keepers still stop each Ray node with its grace."""
+    job, submit, rec, env = _standin_job(tmp_path, openmpi=openmpi)
+    log = tmp_path / "job.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(["bash", str(job)], stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # the job's process group, as the scheduler makes it
+    events = rec / "events"
+    try:
+        _wait_for(lambda: events.exists() and "up [" in events.read_text(), 30,
+                  lambda: log.read_text() + (events.read_text() if events.exists() else ""))
+        text = events.read_text()
+        assert "head on node0 started" in text and "worker on node1 started" in text
+        assert "up [] RAY_ADDRESS=127.0.0.1:6379 VLLM_HOST_IP=127.0.0.1" in text  # the runner's instances get it
+        assert "--address=127.0.0.1:6379" in (rec / "ray-args.node1").read_text()
+        assert "/models:/models:ro" in (rec / "ray-args.node0").read_text()
+        _wait_for(lambda: "from your machine: ssh -N -L 8000:127.0.0.1:8000 -J" in log.read_text(), 10, log.read_text)
+        assert "Ray cluster: 2 nodes" in log.read_text()
+        job_dir = submit / ".compose2sif-batch" / "77"
+        assert sorted(p.name for p in job_dir.glob("rank-on-*")) == ["rank-on-node0", "rank-on-node1"]
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+        text = events.read_text()
+        assert "head on node0 stopped after SIGTERM" in text and "worker on node1 stopped after SIGTERM" in text, text
+        assert "up stopped by SIGTERM" in text and "\ndown\n" in text
+        assert not (submit / ".compose2sif-batch").exists()  # the job dir is gone
+        assert "stopped" in log.read_text().splitlines()[-1]
+        _nothing_left(proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("openmpi", _launchers())
+def test_two_tasks_on_one_node_stop_the_job_with_one_line(tmp_path, openmpi):
+    """With OpenMPI: Flow's documented mpirun line, which fills the first node's slots first."""
+    job, submit, rec, env = _standin_job(tmp_path, pack=True, openmpi=openmpi)
+    proc = subprocess.run(["bash", str(job)], capture_output=True, text=True, env=env, timeout=60,
+                          start_new_session=True)
+    assert proc.returncode == 1
+    assert "two tasks on node0: the launcher must start one task per node (OpenMPI: --map-by ppr:1:node" \
+        in proc.stderr, proc.stderr
+    assert not (submit / ".compose2sif-batch").exists()
+    assert "up [" not in (rec / "events").read_text() if (rec / "events").exists() else True
+    assert subprocess.run(["pgrep", "-f", str(job)], capture_output=True).stdout == b""
+
+
+def test_missing_sif_stops_the_job_in_its_first_lines(tmp_path):
+    job, submit, rec, env = _standin_job(tmp_path)
+    (Path(values(job.read_text(), "sifs")["sifs"][0])).unlink()
+    proc = subprocess.run(["bash", str(job)], capture_output=True, text=True, env=env, timeout=30)
+    assert proc.returncode == 1 and "vllm-v100.sif is missing: run" in proc.stderr, proc.stderr
+    assert not rec.joinpath("events").exists() and not (submit / ".compose2sif-batch").exists()
+
+
+def test_the_job_stops_itself_before_its_time_limit(tmp_path):
+    job, submit, rec, env = _standin_job(tmp_path)
+    text = job.read_text()
+    job.write_text(text.replace("elapse_s=3600", "elapse_s=125", 1))  # 5 s before the stop lead runs out
+    proc = subprocess.run(["bash", str(job)], capture_output=True, text=True, env=env, timeout=90)
+    assert "the time limit is 120s away" in proc.stderr, proc.stderr
+    assert "up stopped by SIGTERM" in (rec / "events").read_text()
+    assert not (submit / ".compose2sif-batch").exists()
+
+
+# ---- the stacks load as Docker Compose loads them ----------------------------------------------
 
 @oracle_mark()
 @pytest.mark.parametrize("compose", [TP4, PP2], ids=["tp4", "tp4-pp2"])

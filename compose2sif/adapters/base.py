@@ -89,6 +89,10 @@ class Adapter:
         ``path`` names the command in an error."""
         return 1
 
+    def across_nodes_problem(self, argv: List[str]) -> Optional[str]:
+        """Why the server, as ``argv`` runs it, cannot span nodes over Ray (None: it can)."""
+        return None
+
 
 @dataclass(frozen=True)
 class PasswordClient:
