@@ -238,7 +238,7 @@ def test_volumes_levels_oneshot_gpus(tmp_path):
     binds = {b.target: b for b in plan.service("db").binds}
     assert binds["/var/lib/postgresql/data"].source == "state/volumes/pgdata"
     assert binds["/etc/conf"].read_only and binds["/etc/conf"].source == str(tmp_path / "conf")
-    assert binds["/anon"].source.startswith("state/volumes/_anonymous_db_")
+    assert binds["/anon"].source == "state/anonymous/db/anon"
     assert binds["/run/x"].kind == "tmpfs" and binds["/tmp"].kind == "scratch"
     assert binds["/var/run/postgresql"].kind == "scratch"
 
