@@ -222,7 +222,7 @@ def _service_function(s: ServicePlan, fn: str) -> List[str]:
         f"    S_MKDIRS={_array(b.source for _, b in binds if b.create or b.kind in ('volume', 'scratch', 'tmpfs'))}",
         f"    S_FILLS={_array(item for b in s.binds if b.fill for item in (b.source, b.target))}",
         f"    S_MOUNT_POINTS={_array(mount_points)}",
-        f"    S_HOST_PATHS={_array(item for b in s.binds if b.host_path for item in (b.source, b.target))}",
+        f"    S_HOST_PATHS={_array(i for b in s.binds if b.host_path for i in (b.source, b.target, str(int(b.create))))}",
         f"    S_SOCKETS={_array(f'{b.source}:{b.target}' for b in s.binds if b.socket)}",
         f"    S_EMPTY={_array(b.source for _, b in binds if b.kind in ('tmpfs', 'scratch'))}",
         f"    S_ENDPOINTS={_array(_endpoint(p) for p in s.ports)}",

@@ -109,6 +109,8 @@ def docker_order(binds: List[Bind]) -> List[Bind]:
     recorded in the source of the bind it lands in, where run.sh creates it as Docker does."""
     ordered = sorted(binds, key=lambda b: _depth(b.target))
     for i, child in enumerate(ordered):
+        if child.socket:
+            continue
         parent = next((p for p in reversed(ordered[:i]) if _inside(child.target, p.target)), None)
         if parent is not None and not parent.socket and parent.kind != "config":
             parent.mount_points.append(os.path.relpath(os.path.normpath(child.target), os.path.normpath(parent.target)))
