@@ -123,6 +123,7 @@ fill_volume() {
     (
         flock 9
         [ -z "$(ls -A -- "$dir")" ] || exit 0
+        # shellcheck disable=SC2016  # (expanded by the image's shell)
         why=$("$RT" exec --contain --bind "$dir:$FILL_POINT" "$S_SIF" /bin/sh -c \
             'if [ -d "$1" ]; then cp -a "$1/." "$2/"; fi' sh "$target" "$FILL_POINT" 2>&1 >/dev/null) && exit 0
         find "$dir" -mindepth 1 -delete 2>/dev/null  # empty again: a later start fills it whole
