@@ -125,3 +125,88 @@ def test_docker_socket_paths():
     assert is_docker_socket("/srv/engine", {"DOCKER_HOST": "unix:///srv/engine"})
     assert not is_docker_socket("/srv/engine", {"DOCKER_HOST": "tcp://host:2375"})
     assert not is_docker_socket("/var/run/postgresql", {})
+
+
+# ---- run.sh, under the RECORDING STAND-IN for apptainer (tests/standins), in its running mode ----
+
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+STANDIN = REPO / "tests" / "standins" / "recording-standin-apptainer"
+
+RUN_COMPOSE = """
+services:
+  app:
+    image: example.org/app:1
+    volumes:
+      - ./src:/app
+      - /app/node_modules
+      - data:/srv/data
+      - full:/srv/full
+      - {type: volume, source: cache, target: /srv/cache, volume: {nocopy: true}}
+      - /var/run/docker.sock:/var/run/docker.sock
+volumes: {data: {}, full: {}, cache: {}}
+"""
+
+
+def converted(tmp_path, compose):
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "compose.yaml").write_text(compose)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO), "C2S_RUNTIME": str(STANDIN),
+           "C2S_RECORD": str(tmp_path / "record"), "C2S_STANDIN_INSTANCES": str(tmp_path / "instances"),
+           "C2S_SIF_CACHE": str(tmp_path / "sif-cache")}
+    (tmp_path / "instances").mkdir()
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(out)],
+                   cwd=tmp_path / "proj", env=env, check=True, capture_output=True, timeout=120)
+    for key in json.loads((out / "plan.json").read_text())["images"]:
+        (out / "sif" / f"{key}.sif").write_text("stand-in image\n")
+    run = lambda *args: subprocess.run([str(out / "run.sh"), *args], env=env, capture_output=True,  # noqa: E731
+                                       text=True, timeout=120)
+    return out, run
+
+
+def calls(tmp_path):
+    text = (tmp_path / "record").read_text() if (tmp_path / "record").exists() else ""
+    return [c.split("\0")[:-1] for c in text.split("\036") if c]
+
+
+def test_up_fills_only_empty_volumes_makes_mount_points_and_leaves_the_socket_out(tmp_path):
+    out, run = converted(tmp_path, RUN_COMPOSE)
+    (out / "state" / "volumes" / "full").mkdir(parents=True)
+    (out / "state" / "volumes" / "full" / "kept").write_text("mine\n")
+    try:
+        proc = run("up", "-d")
+        assert proc.returncode == 0, proc.stderr
+        assert "no Docker daemon" in proc.stderr and "/var/run/docker.sock" in proc.stderr
+        fills = {c[c.index("--bind") + 1].split(":")[0]: c[-2] for c in calls(tmp_path)
+                 if c[:1] == ["exec"] and "/.c2s-fill" in " ".join(c)}
+        state = out / "state"
+        assert fills == {str(state / "volumes" / "data"): "/srv/data",
+                         str(state / "anonymous" / "app" / "app_node_modules"): "/app/node_modules"}
+        assert os.listdir(state / "volumes" / "full") == ["kept"]  # nothing written into a volume
+        assert (tmp_path / "proj" / "src" / "node_modules").is_dir()  # the child's mount point, as Docker
+        start = next(c for c in calls(tmp_path) if c[:2] == ["instance", "start"])
+        binds = [start[i + 1] for i, a in enumerate(start) if a == "--bind"]
+        assert not any("docker.sock" in b for b in binds)
+        targets = [b.split(":")[1] for b in binds]
+        assert targets.index("/app") < targets.index("/app/node_modules")
+        (state / "anonymous" / "app" / "app_node_modules" / "x").write_text("")
+        assert run("down").returncode == 0
+        assert not (state / "anonymous").exists() and (state / "volumes" / "full" / "kept").exists()
+    finally:
+        run("down")
+
+
+def test_up_stops_before_anything_starts_on_a_host_path_nobody_can_create(tmp_path):
+    out, run = converted(tmp_path, "services:\n  app:\n    image: example.org/app:1\n"
+                                   "    volumes: [/proc/c2s-not-creatable:/data]\n")
+    proc = run("up", "-d")
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if "/proc/c2s-not-creatable" in line]
+    assert len(lines) == 1 and "service app" in lines[0] and "override file" in lines[0], proc.stderr
+    assert not any(c[:2] == ["instance", "start"] or "/.c2s-fill" in " ".join(c) for c in calls(tmp_path))
