@@ -210,3 +210,13 @@ def test_up_stops_before_anything_starts_on_a_host_path_nobody_can_create(tmp_pa
     lines = [line for line in proc.stderr.splitlines() if "/proc/c2s-not-creatable" in line]
     assert len(lines) == 1 and "service app" in lines[0] and "override file" in lines[0], proc.stderr
     assert not any(c[:2] == ["instance", "start"] or "/.c2s-fill" in " ".join(c) for c in calls(tmp_path))
+
+
+def test_an_exposed_port_never_refuses_or_moves_and_is_not_needed(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          web: {image: example.org/web:1, command: [serve, "8000"], expose: ["8000"]}
+          worker: {image: example.org/web:1, command: [work], expose: ["8000"]}
+        """, image_configs={"example.org/web:1": ImageConfig(exposed=[8000])})
+    for service in plan.services:
+        assert [(p.container, p.host, p.required) for p in service.ports] == [(8000, 8000, False)], service.name
