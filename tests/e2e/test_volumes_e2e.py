@@ -55,3 +55,36 @@ def test_a_host_path_the_user_cannot_create_stops_up_before_anything_starts(node
         assert "c2s-volumes-missing" not in listing.stdout
     finally:
         node.run(f"cd ~ && {out}/run.sh down", timeout=120)
+
+
+def test_a_database_image_volume_keeps_its_data_across_restart(node):
+    node.copy_stack("volumes-stack", source="volumes-stack")
+    out = f"{OUT}-db"
+    node.run(f"cd ~ && rm -rf {out}")
+    psql = f"cd ~ && {out}/run.sh exec db sh -c 'PGPASSWORD=example-only-password psql -h db -U postgres -tAc \"{{}}\"'"
+    try:
+        proc = node.c2s(f"-f volumes-stack/compose.db.yaml up -d --registry-mirror {node.registry} -o {out}",
+                        timeout=1500)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        node.run(psql.format("CREATE TABLE kept (x int); INSERT INTO kept VALUES (27)"), check=True, timeout=60)
+        node.run(f"cd ~ && {out}/run.sh restart db", check=True, timeout=300)
+        kept = node.run(psql.format("SELECT x FROM kept"), timeout=60)
+        assert kept.stdout.strip() == "27", kept.stdout + kept.stderr
+    finally:
+        node.run(f"cd ~ && {out}/run.sh down", timeout=120)
+
+
+def test_an_exposed_port_that_is_another_services_real_port_blocks_nothing(node):
+    node.copy_stack("volumes-stack", source="volumes-stack")
+    out = f"{OUT}-expose"
+    node.run(f"cd ~ && rm -rf {out}")
+    try:
+        proc = node.c2s(f"-f volumes-stack/compose.expose.yaml up -d --registry-mirror {node.registry} -o {out}",
+                        timeout=900)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        for _ in range(2):  # the web server holds 8000 now: the worker restarts all the same
+            restart = node.run(f"cd ~ && {out}/run.sh restart worker", timeout=300)
+            assert restart.returncode == 0, restart.stdout + restart.stderr
+        assert node.run(f"cd ~ && {out}/run.sh ps", timeout=60).stdout.count("running") >= 2
+    finally:
+        node.run(f"cd ~ && {out}/run.sh down", timeout=120)
