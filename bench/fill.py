@@ -30,7 +30,7 @@ for i in range(n):
     with open(os.path.join(folder, f"f{i:06d}.txt"), "wb") as fh:
         fh.write(os.urandom(random.randint(50, 500)).hex().encode())
 """
-FILL = ("apptainer exec --contain --bind \"$d:/.c2s-fill\" bench.sif /bin/sh -c "
+FILL = ("apptainer exec --contain --bind \"$PWD/d:/.c2s-fill\" bench.sif /bin/sh -c "
         "'if [ -d \"$1\" ]; then cp -a \"$1/.\" \"$2/\"; fi' sh /bench/tree /.c2s-fill")
 
 
