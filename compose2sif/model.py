@@ -33,6 +33,7 @@ class Mount:
     read_only: bool = False
     create_host_path: bool = True    # bind: create a missing source directory as Compose does
     subpath: Optional[str] = None
+    nocopy: bool = False             # volume: not filled from the image
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ def _mount(volume: Dict[str, Any]) -> Mount:
     return Mount(type=volume["type"], target=volume["target"], source=volume.get("source"),
                  read_only=bool(volume.get("read_only")),
                  create_host_path=bool((volume.get("bind") or {}).get("create_host_path", False)),
-                 subpath=(volume.get("volume") or {}).get("subpath"))
+                 subpath=(volume.get("volume") or {}).get("subpath"),
+                 nocopy=bool((volume.get("volume") or {}).get("nocopy")))
 
 
 def _ulimits(config: Dict[str, Any]) -> Dict[str, Tuple[int, int]]:

@@ -30,6 +30,7 @@ class ImageConfig:
     cmd: Optional[List[str]] = None
     user: Optional[str] = None
     env: Dict[str, str] = field(default_factory=dict)
+    volumes: List[str] = field(default_factory=list)
 
 
 def split_reference(ref: str) -> Tuple[str, str, str]:
@@ -95,4 +96,5 @@ def fetch_config(ref: str, timeout: float = 5.0, insecure: bool = False) -> Imag
     env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
     return ImageConfig(workdir=config.get("WorkingDir") or None, exposed=exposed,
                        entrypoint=config.get("Entrypoint"), cmd=config.get("Cmd"),
-                       user=config.get("User") or None, env=env)
+                       user=config.get("User") or None, env=env,
+                       volumes=sorted(v for v in (config.get("Volumes") or {}) if v.startswith("/")))

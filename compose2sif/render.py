@@ -196,7 +196,10 @@ def _oneline(text) -> str:
 def _service_function(s: ServicePlan, fn: str) -> List[str]:
     """svc_FN(): the service's settings as run.sh's engine reads them. Keys, names of files and
     numbers are ours (plain); every other value goes through _q."""
-    binds = [(f"{b.source}:{b.target}" + (":ro" if b.read_only else ""), b) for b in s.binds]
+    binds = [(f"{b.source}:{b.target}" + (":ro" if b.read_only else ""), b) for b in s.binds if not b.socket]
+    by_target = {os.path.normpath(b.target): b for b in s.binds}
+    mount_points = [item for b in s.binds for rel in b.mount_points
+                    for item in (f"{b.source}/{rel}", by_target[os.path.normpath(os.path.join(b.target, rel))].source)]
     health = s.healthcheck
     gpus = [f"ids={','.join(map(str, g['device_ids']))}" if g["device_ids"] else f"count={g['count']}" for g in s.gpus]
     fakeroot = s.fakeroot or {}
@@ -217,6 +220,10 @@ def _service_function(s: ServicePlan, fn: str) -> List[str]:
         f"    S_DEPENDS={_array(d['service'] + ':' + d['condition'] for d in s.depends_on)}",
         f"    S_BINDS={_array(spec for spec, _ in binds)}",
         f"    S_MKDIRS={_array(b.source for _, b in binds if b.create or b.kind in ('volume', 'scratch', 'tmpfs'))}",
+        f"    S_FILLS={_array(item for b in s.binds if b.fill for item in (b.source, b.target))}",
+        f"    S_MOUNT_POINTS={_array(mount_points)}",
+        f"    S_HOST_PATHS={_array(i for b in s.binds if b.host_path for i in (b.source, b.target, str(int(b.create))))}",
+        f"    S_SOCKETS={_array(f'{b.source}:{b.target}' for b in s.binds if b.socket)}",
         f"    S_EMPTY={_array(b.source for _, b in binds if b.kind in ('tmpfs', 'scratch'))}",
         f"    S_ENDPOINTS={_array(_endpoint(p) for p in s.ports)}",
         f"    S_HEALTH={_array(health['test'] if health else [])}",

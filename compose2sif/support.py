@@ -70,7 +70,8 @@ SERVICE_KEYS: Dict[str, KeySupport] = {
     "entrypoint": _h("replaces the image's ENTRYPOINT in the generated start script"),
     "env_file": _h("read with Docker Compose's rules and merged into the environment"),
     "environment": _h("written to a private env file passed with --env-file; instances use --cleanenv"),
-    "expose": _h("evidence of a port the service listens on, planned on its own address"),
+    "expose": _h("a port the service may listen on, planned on its own address; never a refusal, a moved port "
+                 "or a blocked start (as the image's EXPOSE)"),
     "extends": _h("resolved at load time, from the same or another file"),
     "external_links": _u("links to containers outside the project do not exist here; ignored"),
     "extra_hosts": _h("added to the generated hosts file bound as /etc/hosts"),
@@ -131,9 +132,35 @@ SERVICE_KEYS: Dict[str, KeySupport] = {
     "user": _u("Apptainer runs everything as the calling user; ignored"),
     "userns_mode": _u("Apptainer chooses the user namespace; ignored"),
     "uts": _u("instances share the host's UTS namespace; ignored"),
-    "volumes": _h("bind mounts, named volumes (directories in the state dir) and tmpfs"),
+    "volumes": _e("bound as Docker mounts them, parents before children (see the volume forms below)"),
     "volumes_from": _e("the other service's volumes are bound too; adds a dependency"),
     "working_dir": _h("passed to Apptainer with --pwd"),
+}
+
+# What each form of `volumes:` (and an image's VOLUME) becomes under Apptainer.
+VOLUME_FORMS: Dict[str, str] = {
+    "named volume (`data:/path`)": "a directory `state/volumes/NAME` of the output directory, bound at the path; "
+    "when it is empty at a service's start and the image has content there, that content is copied in first "
+    "(Docker's fill rule: modes, links and times kept, files owned by you); lives until `down -v`; `external` "
+    "and other drivers become the same directory (warning)",
+    "anonymous volume (`/path`)": "a directory `state/anonymous/SERVICE/PATH`, filled as a named volume; lives "
+    "across `restart` and the supervisor's restarts, renewed (emptied, filled again) after `down`",
+    "image `VOLUME` (Dockerfile, or registry config when online)": "an anonymous volume at its path unless the "
+    "service mounts something there: a database's data survives restarts as under Docker",
+    "`volume.nocopy: true`": "the volume is never filled from the image",
+    "`volume.subpath`": "the subdirectory of the named volume is bound; not filled",
+    "bind of a project path (`./dir:/path`)": "bound as it is; a missing directory is created (short syntax, "
+    "or `create_host_path`)",
+    "bind of a host path outside the project (`/data:/data`)": "bound as it is where it exists (`/etc/localtime`, "
+    "a dataset); `convert` warns about one missing here, and `up` creates a missing one where you can, else "
+    "stops before anything starts with one line naming the service, the path and the fix (an override file "
+    "binding a directory of your choice at the same target)",
+    "the Docker socket (`docker.sock` anywhere, `$XDG_RUNTIME_DIR/docker.sock`, where `DOCKER_HOST` points)":
+    "no Docker daemon runs under Apptainer: a WARN at `convert` and `up` names the service; bound only where a "
+    "socket exists at `up`, never created; the service starts",
+    "nested mounts": "mounted parents first (by depth, as Docker), the project's own scratch directories "
+    "included; a child's missing mount point is created in its parent's source, as Docker does",
+    "`tmpfs` / `type: tmpfs`": "a private directory of the service, emptied at each start",
 }
 
 TOP_LEVEL_KEYS = ("version", "name", "include", "services", "networks", "volumes", "secrets",
@@ -155,6 +182,8 @@ def render_markdown() -> str:
     for key in sorted(SERVICE_KEYS):
         entry = SERVICE_KEYS[key]
         lines.append(f"| `{key}` | {entry.status} | {entry.note} |")
+    lines += ["", "## Volume forms", "", "| form | under Apptainer |", "| --- | --- |"]
+    lines += [f"| {form} | {what} |" for form, what in VOLUME_FORMS.items()]
     counts = {s: sum(1 for e in SERVICE_KEYS.values() if e.status == s) for s in (HANDLED, EMULATED, UNSUPPORTED)}
     lines += ["", f"{counts[HANDLED]} handled, {counts[EMULATED]} emulated, {counts[UNSUPPORTED]} unsupported.",
               "An unsupported key never disappears silently: `config` and `convert` print one warning naming "

@@ -42,6 +42,11 @@ class Bind:
     read_only: bool = False
     kind: str = "bind"     # bind | volume | scratch | tmpfs | config
     create: bool = False   # create the host directory when missing (Compose's create_host_path)
+    fill: bool = False     # volume: filled from the image's content at target when empty (Docker's rule)
+    anonymous: bool = False  # volume: renewed after `down`
+    host_path: bool = False  # bind of a host path outside the project: checked by `up` before anything starts
+    socket: bool = False   # the Docker socket: bound only where a socket exists at `up`, never created
+    mount_points: List[str] = field(default_factory=list)  # paths in source where a child bind is mounted
 
 
 @dataclass

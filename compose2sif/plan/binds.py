@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import List, Optional, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from compose2sif.adapters import Adapter, Draft
 from compose2sif.load import Project
@@ -22,16 +22,49 @@ def _sanitize(path: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", path.strip("/")) or "root"
 
 
-def service_binds(service: Service, project: Project, adapter: Optional[Adapter]) -> Tuple[List[Bind], List[str]]:
-    """The service's mounts, tmpfs and writable scratch directories as binds; and warnings."""
+def is_docker_socket(path: str, environ: Mapping[str, str]) -> bool:
+    """A Docker daemon's socket, by its interpolated path: `docker.sock` anywhere (a rootless one under
+    $XDG_RUNTIME_DIR included), or where DOCKER_HOST points."""
+    host = environ.get("DOCKER_HOST") or ""
+    return "docker.sock" in os.path.basename(path.rstrip("/")) or \
+        (host.startswith("unix://") and os.path.normpath(host[len("unix://"):]) == os.path.normpath(path))
+
+
+def _depth(target: str) -> int:
+    return os.path.normpath(target).count("/")
+
+
+def _inside(child: str, parent: str) -> bool:
+    parent = os.path.normpath(parent)
+    return os.path.normpath(child).startswith(parent.rstrip("/") + "/")
+
+
+def service_binds(service: Service, project: Project, adapter: Optional[Adapter],
+                  image_volumes: Sequence[str] = ()) -> Tuple[List[Bind], List[str]]:
+    """The service's mounts, its image's VOLUMEs, tmpfs and writable scratch directories as binds, in
+    Docker's order (parents before children); and warnings."""
     warnings: List[str] = []
     binds: List[Bind] = []
     scratch = f"{STATE}/services/{service.name}"
+    project_dir = os.path.realpath(project.working_dir)
     for mount in service.mounts:
         if mount.type == "bind":
-            binds.append(Bind(mount.source or "", mount.target, mount.read_only, "bind", mount.create_host_path))
+            source = mount.source or ""
+            if is_docker_socket(source, project.environment) or is_docker_socket(mount.target, {}):
+                warnings.append(f"service {service.name!r}: binds the Docker socket {source}; no Docker daemon runs "
+                                "under Apptainer, so what it does through Docker (listing, starting or watching "
+                                "containers) will not work; the socket is bound only where one exists at `up`")
+                binds.append(Bind(source, mount.target, mount.read_only, "bind", False, socket=True))
+                continue
+            outside = os.path.isabs(source) and not _inside(os.path.realpath(source), project_dir) \
+                and os.path.realpath(source) != project_dir
+            if outside and not os.path.exists(source):
+                warnings.append(f"service {service.name!r}: host path {source} (bound at {mount.target}) is outside "
+                                "the project and missing here; `up` stops before anything starts where it is missing "
+                                "and cannot be created; bind a directory of your choice there in an override file")
+            binds.append(Bind(source, mount.target, mount.read_only, "bind", mount.create_host_path,
+                              host_path=outside))
         elif mount.type == "volume":
-            name = mount.source or f"_anonymous_{service.name}_{_sanitize(mount.target)}"
             if mount.source:
                 volume = (project.model.get("volumes") or {}).get(mount.source) or {}
                 if volume.get("external"):
@@ -39,8 +72,11 @@ def service_binds(service: Service, project: Project, adapter: Optional[Adapter]
                                     f"{STATE}/volumes/{mount.source}")
                 if volume.get("driver") not in (None, "local"):
                     warnings.append(f"service {service.name!r}: volume driver {volume['driver']!r} is ignored")
-            source = f"{STATE}/volumes/{name}" + (f"/{mount.subpath}" if mount.subpath else "")
-            binds.append(Bind(source, mount.target, mount.read_only, "volume", True))
+                source = f"{STATE}/volumes/{mount.source}" + (f"/{mount.subpath}" if mount.subpath else "")
+            else:
+                source = _anonymous(service.name, mount.target)
+            binds.append(Bind(source, mount.target, mount.read_only, "volume", True,
+                              fill=not mount.nocopy and not mount.subpath, anonymous=not mount.source))
         elif mount.type == "tmpfs":
             binds.append(Bind(f"{scratch}/tmpfs/{_sanitize(mount.target)}", mount.target, False, "tmpfs", True))
         else:
@@ -48,7 +84,12 @@ def service_binds(service: Service, project: Project, adapter: Optional[Adapter]
     for path in service.tmpfs:
         target = path.split(":", 1)[0]
         binds.append(Bind(f"{scratch}/tmpfs/{_sanitize(target)}", target, False, "tmpfs", True))
-    targets = {b.target for b in binds}
+    targets = {os.path.normpath(b.target) for b in binds}
+    for path in image_volumes:  # each VOLUME of the image is an anonymous volume unless mounted over
+        if os.path.normpath(path) not in targets:
+            binds.append(Bind(_anonymous(service.name, path), os.path.normpath(path), False, "volume", True,
+                              fill=True, anonymous=True))
+            targets.add(os.path.normpath(path))
     writable = list(adapter.writable if adapter else ()) + list(hints(service).get("writable") or [])
     if "/tmp" not in targets:
         writable.append("/tmp")
@@ -56,7 +97,24 @@ def service_binds(service: Service, project: Project, adapter: Optional[Adapter]
         if path not in targets and not any(path.startswith(t.rstrip("/") + "/") for t in targets):
             binds.append(Bind(f"{scratch}/scratch/{_sanitize(path)}", path, False, "scratch", True))
             targets.add(path)
-    return binds, warnings
+    return docker_order(binds), warnings
+
+
+def _anonymous(service: str, target: str) -> str:
+    return f"{STATE}/anonymous/{service}/{_sanitize(target)}"
+
+
+def docker_order(binds: List[Bind]) -> List[Bind]:
+    """Parents before children (sorted by depth, as Docker mounts), and each child's mount point
+    recorded in the source of the bind it lands in, where run.sh creates it as Docker does."""
+    ordered = sorted(binds, key=lambda b: _depth(b.target))
+    for i, child in enumerate(ordered):
+        if child.socket:
+            continue
+        parent = next((p for p in reversed(ordered[:i]) if _inside(child.target, p.target)), None)
+        if parent is not None and not parent.socket and parent.kind != "config":
+            parent.mount_points.append(os.path.relpath(os.path.normpath(child.target), os.path.normpath(parent.target)))
+    return ordered
 
 
 def bound_texts(bind: Bind) -> List[Tuple[str, str, str]]:

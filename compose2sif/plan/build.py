@@ -151,7 +151,9 @@ def draft(name: str, project: Project, found: Discovery, network: NetworkPlan, r
           configs: Dict[str, str], options: PlanOptions) -> Draft:
     """One service with the network's decisions applied, finished by its adapter."""
     service, adapter = found.services[name], found.adapters[name]
-    binds, bind_warnings = service_binds(service, project, adapter)
+    config = options.image_configs.get(service.image or "")
+    image_volumes = list(found.images[found.image_of[name]].volumes) + (list(config.volumes) if config else [])
+    binds, bind_warnings = service_binds(service, project, adapter, image_volumes)
     binds += secrets.mounts(service, project, configs, bind_warnings)
     health = service.healthcheck
     test = list(health.test) if health is not None and not health.disabled and health.test else None

@@ -97,6 +97,7 @@ class Stage:
     shell: List[str] = field(default_factory=lambda: list(DEFAULT_SHELL))
     user: Optional[str] = None
     exposed: List[int] = field(default_factory=list)
+    volumes: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -106,6 +107,7 @@ class ConvertedDockerfile:
     exposed: List[int]
     user: Optional[str]
     warnings: List[str]
+    volumes: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -327,8 +329,14 @@ class _Converter:
             if not argv:
                 raise self.fail('SHELL needs the JSON form, e.g. SHELL ["/bin/bash", "-c"]')
             stage.shell = argv
-        elif op in ("HEALTHCHECK", "STOPSIGNAL", "VOLUME", "MAINTAINER"):
-            pass  # compose's healthcheck / stop_signal / volumes apply instead
+        elif op == "VOLUME":  # each becomes an anonymous volume of the services built from it
+            paths = _exec_form(args)
+            for path in paths if paths is not None else expand(args, self.variables()).split():
+                path = expand(path, self.variables()) if paths is not None else path
+                if path.startswith("/") and path not in stage.volumes:
+                    stage.volumes.append(os.path.normpath(path))
+        elif op in ("HEALTHCHECK", "STOPSIGNAL", "MAINTAINER"):
+            pass  # compose's healthcheck / stop_signal apply instead
         elif op == "ONBUILD":
             self.warn("ONBUILD is not supported and was ignored")
         else:
@@ -485,7 +493,8 @@ def convert(dockerfile: str, context: str, build_args: Dict[str, Optional[str]],
         else:
             stage.base = header_value(image_ref(stage.base), f"{where}: FROM image")
     return ConvertedDockerfile(definition=_render(needed, final), workdir=final.workdir,
-                               exposed=final.exposed, user=final.user, warnings=converter.warnings)
+                               exposed=final.exposed, user=final.user, warnings=converter.warnings,
+                               volumes=final.volumes)
 
 
 def _needed_stages(stages: List[Stage], final: Stage) -> List[Stage]:

@@ -43,6 +43,7 @@ class ImageSource:
     services: List[str] = field(default_factory=list)
     workdir: Optional[str] = None  # known from a Dockerfile
     exposed: List[int] = field(default_factory=list)
+    volumes: List[str] = field(default_factory=list)  # the Dockerfile's VOLUMEs
     warnings: List[str] = field(default_factory=list)
 
     @property
@@ -310,5 +311,5 @@ def _build(service: Service, working_dir: str, mirror: Optional[str], local_imag
             warnings.append(f"service {service.name!r}: the Dockerfile's USER {converted.user} is ignored; "
                             "Apptainer runs the service as you")
         return ImageSource(key, "build", context, definition, workdir=converted.workdir,
-                           exposed=converted.exposed, warnings=warnings)
+                           exposed=converted.exposed, volumes=converted.volumes, warnings=warnings)
     return identity, make

@@ -137,6 +137,11 @@ def strong(evidence: List[str]) -> bool:
     return any(e not in OPTIONAL_EVIDENCE and not _port_variable(e) for e in evidence)
 
 
+def _exposed_only(listen: Listen) -> bool:
+    """Only the image's EXPOSE or the compose file's `expose:` name this port."""
+    return bool(listen.evidence) and all(e in (IMAGE_EXPOSE, "expose") for e in listen.evidence)
+
+
 def _proves_listener(evidence: str) -> bool:
     """What `up` may hold a service to: not the image's defaults, not a declaration (`ports`,
     `expose`: Docker publishes ports nobody opens, too), not a `FOO_PORT` variable."""
@@ -228,6 +233,8 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
 
     for s, listen, where, host, why in [w for w in wanted if w[1].knob is None]:
         other = clash((where, host))
+        if other is not None and (_exposed_only(listen) or _exposed_only(other[1])):
+            other = None  # an EXPOSE or `expose:` port may never be opened: it refuses nothing (run.sh ignores it)
         if other is not None:
             svc, theirs = other
             message = (f"services {svc!r} and {s.name!r} both listen on port {host} "
@@ -249,7 +256,7 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
         if host != -1:
             other = clash((where, host))
             holder = next((b for b in busy if overlaps(b, (where, host))), None)
-            if other is None and holder is None:
+            if _exposed_only(listen) or (other is None and holder is None):  # an EXPOSE port is never moved
                 record(s, listen, where, host)
                 continue
             why = (f"{host} is also used by service {other[0]!r}" if other is not None

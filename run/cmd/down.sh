@@ -35,6 +35,8 @@ cmd_down() {
         chmod -R u+rwx "$STATE/overlay" 2>/dev/null
         rm_inside "$STATE/overlay"
     fi
+    # anonymous volumes are renewed after `down`, as a later `up` of Docker Compose makes new containers
+    rm_inside "$STATE/anonymous"
     if [ "$volumes" = 1 ]; then
         note "removing volumes in $STATE/volumes"
         rm_inside "$STATE/volumes"

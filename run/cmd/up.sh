@@ -24,6 +24,7 @@ cmd_up() {
     done
     assign_gpus "${names[@]}"
     list_instances
+    check_host_paths "${names[@]}" || { echo "run.sh: up: nothing was started" >&2; return 1; }
     # nothing starts while an endpoint of a service to start is taken on this node
     held=$(endpoints_taken "${names[@]}")
     if [ -n "$held" ]; then

@@ -48,7 +48,8 @@ describe_holder() {
 }
 
 # The endpoints of the given services that something other than this project listens on, one
-# line each ("ADDR:PORT (service NAME) is held by ..."). Services that already run are skipped.
+# line each ("ADDR:PORT (service NAME) is held by ..."). Services that already run are skipped,
+# and so are endpoints that may never be opened.
 endpoints_taken() {
     local name e uid inode endpoints=()
     declare -A owner=()
@@ -56,10 +57,12 @@ endpoints_taken() {
         load_service "$name"
         [ "$S_ONESHOT" = 1 ] && continue
         service_running && continue
-        for e in "${S_ENDPOINTS[@]}"; do owner[${e%\?}]=$name endpoints+=("${e%\?}"); done
+        while read -r e; do owner[$e]=$name endpoints+=("$e"); done < <(required_endpoints)
     done
-    # Planned endpoints of two services never overlap (the planner refuses that), so whoever holds
-    # one of a service that is not running, another service of this project included, is in its way.
+    # Only the endpoints a service needs: an EXPOSE or `expose:` port may be another service's real
+    # one (a worker built from its web server's Dockerfile), and is never opened. Whoever holds a
+    # needed endpoint of a service that is not running, another service of this project included,
+    # is in its way.
     while read -r e uid inode; do
         describe_holder "$uid" "$inode"
         printf '%s (service %s) is held by %s\n' "$e" "${owner[$e]}" "$HOLDER"

@@ -54,6 +54,9 @@ runtime_flags() {
         src=${b%%:*} rest=${b#*:}
         START_FLAGS+=(--bind "$(abs "$src"):$rest")
     done
+    for b in "${S_SOCKETS[@]}"; do  # the Docker socket: only where there is one
+        [ -S "${b%%:*}" ] && START_FLAGS+=(--bind "$b")
+    done
     [ "$S_NV" = 1 ] && START_FLAGS+=(--nv)
     if [ "$S_NV" = 1 ] && [ -s "$RUNDIR/$S_NAME.gpus" ]; then
         START_FLAGS+=(--env "CUDA_VISIBLE_DEVICES=$(cat "$RUNDIR/$S_NAME.gpus")")
@@ -92,10 +95,41 @@ probe_fakeroot() {
     fi
 }
 
+# The service's directories: scratch emptied, sources made, empty volumes filled from the image,
+# then the mount points of binds that land inside another bind's source (made there, as Docker
+# does: a file where a file is bound). Prints why when a fill fails.
 prepare_dirs() {
-    local d
+    local d i point
     for d in "${S_EMPTY[@]}"; do rm_inside "$(abs "$d")"; done
     for d in "${S_MKDIRS[@]}"; do [ -e "$(abs "$d")" ] || mkdir -p "$(abs "$d")"; done
+    for ((i = 0; i < ${#S_FILLS[@]}; i += 2)); do
+        fill_volume "$(abs "${S_FILLS[i]}")" "${S_FILLS[i + 1]}" || return 1
+    done
+    for ((i = 0; i < ${#S_MOUNT_POINTS[@]}; i += 2)); do
+        point=$(abs "${S_MOUNT_POINTS[i]}")
+        [ -e "$point" ] || [ -L "$point" ] || [ ! -d "$(dirname -- "$point")" ] && continue
+        if [ -d "$(abs "${S_MOUNT_POINTS[i + 1]}")" ]; then mkdir -p -- "$point"; else : >"$point"; fi
+    done
+}
+
+# Docker's fill rule: a volume that is empty gets the image's content at its target before the
+# service starts: modes, links and times kept, ownership as far as the runtime lets a user. The
+# runtime copies it out of the image with the volume bound beside the target. A volume that holds
+# anything stays as it is, and nothing is written into it to remember (a database refuses a data
+# directory that is not empty); one lock, so that two services filling one volume take turns.
+FILL_POINT=/.c2s-fill
+fill_volume() {
+    local dir=$1 target=$2 why
+    (
+        flock 9
+        [ -z "$(ls -A -- "$dir")" ] || exit 0
+        # shellcheck disable=SC2016  # (expanded by the image's shell)
+        why=$("$RT" exec --contain --bind "$dir:$FILL_POINT" "$S_SIF" /bin/sh -c \
+            'if [ -d "$1" ]; then cp -a "$1/." "$2/"; fi' sh "$target" "$FILL_POINT" 2>&1 >/dev/null) && exit 0
+        find "$dir" -mindepth 1 -delete 2>/dev/null  # empty again: a later start fills it whole
+        echo "could not fill volume $dir from the image's $target: $(grep -v '^INFO' <<<"$why" | head -n 1)"
+        exit 1
+    ) 9>"$RUNDIR/fill.lock"
 }
 
 # Wait until each dependency meets its condition. Fails if one fails.
@@ -162,7 +196,10 @@ start_service() {
                 return 1
             fi
         fi
-        prepare_dirs
+        if ! reason=$(prepare_dirs); then
+            set_status "$name" "failed $reason"
+            return 1
+        fi
         clear_logs
         : >"$(logs_mark "$name")"
         rm -f "$RUNDIR/$name.stopped"
@@ -209,6 +246,29 @@ start_service() {
         progress "$name" running
     fi
     return 0
+}
+
+# Before anything starts: host paths outside the project that are missing are made where the user
+# can and Compose would (short syntax, create_host_path), else one line each names the service, the
+# path and the fix; the Docker socket is told about. Fails when a path is missing.
+check_host_paths() {
+    local name i src target create b absent=0
+    for name in "$@"; do
+        load_service "$name"
+        for ((i = 0; i < ${#S_HOST_PATHS[@]}; i += 3)); do
+            src=${S_HOST_PATHS[i]} target=${S_HOST_PATHS[i + 1]} create=${S_HOST_PATHS[i + 2]}
+            [ -e "$src" ] && continue
+            [ "$create" = 1 ] && mkdir -p -- "$src" 2>/dev/null && continue
+            echo "run.sh: up: service $name binds $src at $target; it is missing$([ "$create" = 1 ] && echo " and you cannot create it");" \
+                "bind a directory of your choice at $target in an override file (compose.override.yaml) and convert again" >&2
+            absent=1
+        done
+        for b in "${S_SOCKETS[@]}"; do
+            [ -S "${b%%:*}" ] && continue
+            note "WARN service $name: no Docker daemon here; its bind of the Docker socket ${b%%:*} is left out and what it does through Docker will not work"
+        done
+    done
+    return "$absent"
 }
 
 # The services to start: the ones asked for and everything they depend on, in start order.

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Docker's fill rule as run.sh applies it (run/lib/start.sh: fill_volume), against `cp -a` of the
+same tree already on disk, on the real rootless Apptainer test bed (needs root to enter it; see
+tests/e2e/provision.sh). Run it under the e2e lock, as the e2e tests are:
+    flock /tmp/c2s-e2e.lock python3 bench/fill.py [--files 50000]
+
+A SIF is made from the test bed's Python image with a tree of small files (100 to 1000 bytes, 100
+a directory) at /bench/tree. Timed on the node, median of 3, each into a new empty directory:
+  cp      `cp -a` of the tree from a directory on disk (its pages cached) to another;
+  fill    fill_volume's command: the runtime copies the tree out of the SIF into the volume,
+          bound beside it (`apptainer exec --contain --bind VOL:/.c2s-fill SIF sh -c 'cp -a ...'`);
+  exec    the runtime's bare `apptainer exec --contain SIF true`, the floor of any fill.
+The goal is fill <= 1.2 x cp.
+"""
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "e2e"))
+from testbed import Node, provision, registry  # noqa: E402
+
+MAKE_TREE = """
+import os, random, sys
+root, n = sys.argv[1], int(sys.argv[2])
+random.seed(1)
+for i in range(n):
+    folder = os.path.join(root, f"d{i // 100:04d}")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"f{i:06d}.txt"), "wb") as fh:
+        fh.write(os.urandom(random.randint(50, 500)).hex().encode())
+"""
+FILL = ("apptainer exec --contain --bind \"$PWD/d:/.c2s-fill\" bench.sif /bin/sh -c "
+        "'if [ -d \"$1\" ]; then cp -a \"$1/.\" \"$2/\"; fi' sh /bench/tree /.c2s-fill")
+
+
+def timed(node: Node, setup: str, command: str) -> float:
+    proc = node.run(f"cd ~/fillbench && {setup} && s=$(date +%s%N) && {{ {command}; }} >/dev/null 2>err; rc=$?; "
+                    "e=$(date +%s%N); echo $(( (e - s) / 1000000 )) $rc", timeout=900)
+    ms, rc = proc.stdout.split()[-2:]
+    if rc != "0":
+        raise AssertionError(f"`{command}` failed ({rc}): {(node.home / 'fillbench' / 'err').read_text()[-2000:]}")
+    return int(ms) / 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--files", type=int, default=50000)
+    args = parser.parse_args()
+    info = provision()
+    with registry(info):
+        node = Node(Path(info["NODE"]), info["REGISTRY_PORT"], info["HPC_UID"])
+        node.run("cd ~ && rm -rf fillbench && mkdir fillbench && cd fillbench && "
+                 f"apptainer build --sandbox sb docker://{node.registry}/c2s/python:test >build.log 2>&1 && "
+                 f"python3 -c '{MAKE_TREE}' sb/bench/tree {args.files} && "
+                 "apptainer build bench.sif sb >>build.log 2>&1 && cp -a sb/bench/tree tree", check=True, timeout=1800)
+        fresh = "rm -rf d && mkdir d"
+        cp = [timed(node, fresh, "cp -a tree/. d/") for _ in range(3)]
+        fill = [timed(node, fresh, FILL) for _ in range(3)]
+        bare = [timed(node, "true", "apptainer exec --contain bench.sif true") for _ in range(3)]
+        count = node.run("cd ~/fillbench && find d -type f | wc -l", check=True).stdout.strip()
+        node.run("rm -rf ~/fillbench")
+    c, f, e = statistics.median(cp), statistics.median(fill), statistics.median(bare)
+    print(f"files {args.files} (filled: {count})")
+    print(f"cp    {c:.2f} s")
+    print(f"fill  {f:.2f} s  ({f / c:.2f} x cp)")
+    print(f"exec  {e:.2f} s  (bare runtime start)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""The plan's volumes and host files as Docker has them: parents mounted before children with their
+mount points recorded, image VOLUMEs as anonymous volumes filled from the image, nocopy, host paths
+outside the project, the Docker socket."""
+import textwrap
+
+from compose2sif.load import ProjectOptions, load_project
+from compose2sif.plan import PlanOptions, build_plan
+from compose2sif.plan.binds import is_docker_socket
+from compose2sif.plan.dockerfile import convert
+from compose2sif.registry import ImageConfig
+
+
+def plan_for(tmp_path, compose, files=None, environ=None, **kw):
+    (tmp_path / "compose.yaml").write_text(textwrap.dedent(compose))
+    for name, content in (files or {}).items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(content))
+    project = load_project(ProjectOptions(cwd=str(tmp_path), environ={"HOME": "/home/u", **(environ or {})}))
+    return build_plan(project, PlanOptions(port_base=30000, address_block="127.0.9", busy=set(), **kw))
+
+
+def binds(plan, name):
+    return {b.target: b for b in next(s for s in plan.services if s.name == name).binds}
+
+
+def test_parents_are_mounted_before_children_and_the_child_mount_point_is_recorded(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          app:
+            image: example.org/app:1
+            volumes: ["/app/node_modules", "./frontend:/app", "data:/app/data/cache"]
+        volumes: {data: {}}
+        """)
+    order = [b.target for b in next(s for s in plan.services if s.name == "app").binds]
+    assert order.index("/app") < order.index("/app/node_modules") < order.index("/app/data/cache")
+    app = binds(plan, "app")
+    assert sorted(app["/app"].mount_points) == ["data/cache", "node_modules"]
+    anonymous = app["/app/node_modules"]
+    assert anonymous.kind == "volume" and anonymous.anonymous and anonymous.fill
+    assert anonymous.source.startswith("state/anonymous/app/")
+    assert app["/app"].kind == "bind" and not app["/app"].fill
+
+
+def test_named_volumes_are_filled_unless_nocopy_and_never_with_a_subpath(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          app:
+            image: example.org/app:1
+            volumes:
+              - code:/srv/code
+              - {type: volume, source: cache, target: /srv/cache, volume: {nocopy: true}}
+              - {type: volume, source: code, target: /srv/part, volume: {subpath: sub}}
+        volumes: {code: {}, cache: {}}
+        """)
+    app = binds(plan, "app")
+    assert app["/srv/code"].fill and not app["/srv/code"].anonymous
+    assert app["/srv/code"].source == "state/volumes/code"
+    assert not app["/srv/cache"].fill
+    assert not app["/srv/part"].fill
+
+
+def test_each_image_volume_is_an_anonymous_volume_unless_mounted_over(tmp_path):
+    configs = {"example.org/db:1": ImageConfig(volumes=["/var/lib/db", "/etc/db"])}
+    plan = plan_for(tmp_path, """
+        services:
+          db:
+            image: example.org/db:1
+            volumes: ["./conf:/etc/db"]
+        """, image_configs=configs)
+    db = binds(plan, "db")
+    assert db["/var/lib/db"].anonymous and db["/var/lib/db"].fill
+    assert db["/etc/db"].kind == "bind"
+
+
+def test_a_dockerfile_volume_is_an_anonymous_volume(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          web:
+            build: .
+        """, files={"Dockerfile": 'FROM example.org/base:1\nARG D=/data\nVOLUME ["$D", "/logs"]\nVOLUME /x /y\n'})
+    web = binds(plan, "web")
+    for path in ("/data", "/logs", "/x", "/y"):
+        assert web[path].anonymous and web[path].fill, path
+
+
+def test_dockerfile_volume_forms():
+    converted = convert('FROM alpine\nVOLUME /a\nVOLUME ["/b", "/c/"]\n', "/ctx", {}, None, "Dockerfile",
+                        lambda i: f"docker.io/library/{i}", lambda i: None)
+    assert converted.volumes == ["/a", "/b", "/c"]
+
+
+def test_host_paths_outside_the_project_are_checked_and_missing_ones_warned_about(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          app:
+            image: example.org/app:1
+            volumes: ["/etc/localtime:/etc/localtime:ro", "/nonexistent-c2s/models:/models", "./here:/here"]
+        """)
+    app = binds(plan, "app")
+    assert app["/etc/localtime"].host_path and app["/models"].host_path
+    assert not app["/here"].host_path
+    missing = [w for w in plan.warnings if "/nonexistent-c2s/models" in w]
+    assert len(missing) == 1 and "'app'" in missing[0] and "override file" in missing[0]
+    assert not any("/etc/localtime" in w for w in plan.warnings)
+
+
+def test_the_docker_socket_in_each_form_is_warned_about_and_never_created(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          a: {image: example.org/a:1, volumes: ["/var/run/docker.sock:/var/run/docker.sock"]}
+          b: {image: example.org/b:1, volumes: ["${XDG_RUNTIME_DIR}/docker.sock:/var/run/docker.sock:ro"]}
+          c: {image: example.org/c:1, volumes: ["${ENGINE:-/srv/engine}:/tmp/d.sock"]}
+        """, environ={"XDG_RUNTIME_DIR": "/run/user/1000", "DOCKER_HOST": "unix:///srv/engine"})
+    for name in "abc":
+        sockets = [b for b in binds(plan, name).values() if b.socket]
+        assert len(sockets) == 1 and not sockets[0].create, name
+        assert any(f"service {name!r}: binds the Docker socket" in w and "no Docker daemon" in w
+                   for w in plan.warnings), name
+
+
+def test_docker_socket_paths():
+    assert is_docker_socket("/var/run/docker.sock", {})
+    assert is_docker_socket("/run/user/1000/docker.sock", {})
+    assert is_docker_socket("/srv/engine", {"DOCKER_HOST": "unix:///srv/engine"})
+    assert not is_docker_socket("/srv/engine", {"DOCKER_HOST": "tcp://host:2375"})
+    assert not is_docker_socket("/var/run/postgresql", {})
+
+
+# ---- run.sh, under the RECORDING STAND-IN for apptainer (tests/standins), in its running mode ----
+
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+STANDIN = REPO / "tests" / "standins" / "recording-standin-apptainer"
+
+RUN_COMPOSE = """
+services:
+  app:
+    image: example.org/app:1
+    volumes:
+      - ./src:/app
+      - /app/node_modules
+      - data:/srv/data
+      - full:/srv/full
+      - {type: volume, source: cache, target: /srv/cache, volume: {nocopy: true}}
+      - /var/run/docker.sock:/var/run/docker.sock
+volumes: {data: {}, full: {}, cache: {}}
+"""
+
+
+def converted(tmp_path, compose):
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "compose.yaml").write_text(compose)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO), "C2S_RUNTIME": str(STANDIN),
+           "C2S_RECORD": str(tmp_path / "record"), "C2S_STANDIN_INSTANCES": str(tmp_path / "instances"),
+           "C2S_SIF_CACHE": str(tmp_path / "sif-cache")}
+    (tmp_path / "instances").mkdir()
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(out)],
+                   cwd=tmp_path / "proj", env=env, check=True, capture_output=True, timeout=120)
+    for key in json.loads((out / "plan.json").read_text())["images"]:
+        (out / "sif" / f"{key}.sif").write_text("stand-in image\n")
+    run = lambda *args: subprocess.run([str(out / "run.sh"), *args], env=env, capture_output=True,  # noqa: E731
+                                       text=True, timeout=120)
+    return out, run
+
+
+def calls(tmp_path):
+    text = (tmp_path / "record").read_text() if (tmp_path / "record").exists() else ""
+    return [c.split("\0")[:-1] for c in text.split("\036") if c]
+
+
+def test_up_fills_only_empty_volumes_makes_mount_points_and_leaves_the_socket_out(tmp_path):
+    out, run = converted(tmp_path, RUN_COMPOSE)
+    (out / "state" / "volumes" / "full").mkdir(parents=True)
+    (out / "state" / "volumes" / "full" / "kept").write_text("mine\n")
+    try:
+        proc = run("up", "-d")
+        assert proc.returncode == 0, proc.stderr
+        assert "no Docker daemon" in proc.stderr and "/var/run/docker.sock" in proc.stderr
+        fills = {c[c.index("--bind") + 1].split(":")[0]: c[-2] for c in calls(tmp_path)
+                 if c[:1] == ["exec"] and "/.c2s-fill" in " ".join(c)}
+        state = out / "state"
+        assert fills == {str(state / "volumes" / "data"): "/srv/data",
+                         str(state / "anonymous" / "app" / "app_node_modules"): "/app/node_modules"}
+        assert os.listdir(state / "volumes" / "full") == ["kept"]  # nothing written into a volume
+        assert (tmp_path / "proj" / "src" / "node_modules").is_dir()  # the child's mount point, as Docker
+        start = next(c for c in calls(tmp_path) if c[:2] == ["instance", "start"])
+        binds = [start[i + 1] for i, a in enumerate(start) if a == "--bind"]
+        assert not any("docker.sock" in b for b in binds)
+        targets = [b.split(":")[1] for b in binds]
+        assert targets.index("/app") < targets.index("/app/node_modules")
+        (state / "anonymous" / "app" / "app_node_modules" / "x").write_text("")
+        assert run("down").returncode == 0
+        assert not (state / "anonymous").exists() and (state / "volumes" / "full" / "kept").exists()
+    finally:
+        run("down")
+
+
+def test_up_stops_before_anything_starts_on_a_host_path_nobody_can_create(tmp_path):
+    out, run = converted(tmp_path, "services:\n  app:\n    image: example.org/app:1\n"
+                                   "    volumes: [/proc/c2s-not-creatable:/data]\n")
+    proc = run("up", "-d")
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if "/proc/c2s-not-creatable" in line]
+    assert len(lines) == 1 and "service app" in lines[0] and "override file" in lines[0], proc.stderr
+    assert not any(c[:2] == ["instance", "start"] or "/.c2s-fill" in " ".join(c) for c in calls(tmp_path))
+
+
+def test_an_exposed_port_never_refuses_or_moves_and_is_not_needed(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          web: {image: example.org/web:1, command: [serve, "8000"], expose: ["8000"]}
+          worker: {image: example.org/web:1, command: [work], expose: ["8000"]}
+        """, image_configs={"example.org/web:1": ImageConfig(exposed=[8000])})
+    for service in plan.services:
+        assert [(p.container, p.host, p.required) for p in service.ports] == [(8000, 8000, False)], service.name
