@@ -218,7 +218,7 @@ def check_definitions(out: Path):
 def _verbs(names, eval_runtime):
     if eval_runtime:
         return [["up", "-d"], *[["exec", n, "true"] for n in names], ["restart", names[0]], ["down"]]
-    return [["build"], ["up", "-d"], ["ps"], ["ps", "--format", "json"], *[["logs", n] for n in names],
+    return [["build", "--force"], ["up", "-d"], ["ps"], ["ps", "--format", "json"], *[["logs", n] for n in names],
             *[["exec", n, "true"] for n in names], ["restart", names[0]], ["down"], ["down", "-v"]]
 
 

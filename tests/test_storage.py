@@ -138,7 +138,7 @@ def test_pull_with_an_unreadable_registry_builds_again_and_says_why(project):
     proc = run(tmp_path, env, "build", "--pull")
     assert "image build-app: checking debian:12" in proc.stderr, proc.stderr
     assert run(tmp_path, env, "build", "--pul").stderr.strip() == \
-        "run.sh: build: unknown argument --pul (usage: build [--pull])"
+        "run.sh: build: unknown argument --pul (usage: build [--pull] [--force])"
 
 
 def test_build_progress_is_plain_lines_off_a_terminal_and_a_redrawn_block_on_one(project):
