@@ -32,6 +32,10 @@ DOCUMENTED_DIFFERENCES = {
     "labels.x-*": "Compose's Go types take a label whose name starts with `x-` for an extension and print it "
                   "under an internal `#extensions` key; compose2sif keeps it a label. Random projects leave "
                   "such names out.",
+    "services.*.hostname": "Compose takes any string for a hostname; compose2sif writes it into the hosts file "
+                           "and the instance's UTS name, so it refuses at load one that is not a host name "
+                           "(consistency.HOST_NAME). Random projects draw "
+                           "hostnames that match it.",
 }
 
 

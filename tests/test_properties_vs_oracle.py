@@ -2,11 +2,13 @@
 compose2sif exactly as Docker Compose reads them (the oracle binary)."""
 import json
 import os
+import re
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compose2sif.errors import ComposeError
+from compose2sif.load.consistency import HOST_NAME
 from compose2sif.load import ProjectOptions, load_project
 from oracle import base_env, oracle_mark, run_oracle, unescape
 
@@ -149,6 +151,7 @@ def test_string_commands_split_as_compose_splits_them(tmp_path_factory, command,
 
 WORD = st.text(alphabet="abcxyz019_-.", min_size=1, max_size=6)
 LABEL = WORD.filter(lambda w: not w.startswith("x-"))  # see oracle.DOCUMENTED_DIFFERENCES["labels.x-*"]
+HOSTNAME = WORD.filter(lambda w: re.fullmatch(HOST_NAME, w))  # see oracle.DOCUMENTED_DIFFERENCES["services.*.hostname"]
 SCALAR = st.one_of(WORD, st.integers(-2, 70000), st.booleans(), st.none(), st.floats(0, 10, allow_nan=False).map(
     lambda f: round(f, 2)))
 PORT = st.one_of(st.integers(1, 65535), st.builds("{}:{}".format, st.integers(1, 65535), st.integers(1, 65535)),
@@ -179,7 +182,7 @@ SERVICE_VALUES = {
                                                                     "cpus": st.sampled_from(["0.5", 2])})})}),
     "shm_size": st.sampled_from(["64m", "1gb", 1024]), "working_dir": st.sampled_from(["/w", "/a/../b"]),
     "user": st.sampled_from(["1000", "1000:1000", "root"]), "init": st.booleans(), "privileged": st.booleans(),
-    "stop_grace_period": st.sampled_from(["10s", "1m"]), "hostname": WORD, "read_only": st.booleans(),
+    "stop_grace_period": st.sampled_from(["10s", "1m"]), "hostname": HOSTNAME, "read_only": st.booleans(),
     "cap_add": st.lists(st.sampled_from(["NET_ADMIN", "SYS_PTRACE"]), max_size=2, unique=True),
     "expose": st.lists(st.one_of(st.integers(1, 9999), st.just("7000-7002")), max_size=2, unique=True),
     "dns": st.one_of(st.just("8.8.8.8"), st.lists(st.just("1.1.1.1"), max_size=1)),
