@@ -40,6 +40,16 @@ assign_gpus() {
     done
 }
 
+# The loaded service's share of the GPUs (assign_gpus), in GPU_ENV_FLAGS: for its start and for
+# every `exec` into it, since an exec gets a clean environment of its own.
+GPU_ENV_FLAGS=()
+gpu_env_flags() {
+    GPU_ENV_FLAGS=()
+    if [ "$S_NV" = 1 ] && [ -s "$RUNDIR/$S_NAME.gpus" ]; then
+        GPU_ENV_FLAGS=(--env "CUDA_VISIBLE_DEVICES=$(cat "$RUNDIR/$S_NAME.gpus")")
+    fi
+}
+
 # What the runtime's `instance start` of the loaded service (or a one-shot's exec) gets, in
 # START_FLAGS: its environment, hosts file, binds, GPUs, writable root and home.
 START_FLAGS=()
@@ -58,9 +68,8 @@ runtime_flags() {
         [ -S "${b%%:*}" ] && START_FLAGS+=(--bind "$b")
     done
     [ "$S_NV" = 1 ] && START_FLAGS+=(--nv)
-    if [ "$S_NV" = 1 ] && [ -s "$RUNDIR/$S_NAME.gpus" ]; then
-        START_FLAGS+=(--env "CUDA_VISIBLE_DEVICES=$(cat "$RUNDIR/$S_NAME.gpus")")
-    fi
+    gpu_env_flags
+    START_FLAGS+=("${GPU_ENV_FLAGS[@]}")
     local root=$WRITABLE_ROOT
     [ "$S_WRITABLE_TMPFS" = 1 ] && root=tmpfs
     case "$root" in
