@@ -115,8 +115,9 @@ def test_up_runs_each_step_once_before_the_service_and_again_only_after_down_or_
         runs = step_runs(tmp_path)
         plan = json.loads((out / "plan.json").read_text())
         app = next(s for s in plan["services"] if s["name"] == "app")
-        assert runs == [(str(out / "env" / "app.pre_start.0.env"), str(out / "sif" / f"{app['pre_start'][0]['image']}.sif")),
-                        (str(out / "env" / "app.pre_start.1.env"), str(out / "sif" / f"{app['image']}.sif"))]
+        sif = lambda key: str(out / "sif" / f"{key}.sif")  # noqa: E731
+        assert runs == [(str(out / "env" / "app.pre_start.0.env"), sif(app["pre_start"][0]["image"])),
+                        (str(out / "env" / "app.pre_start.1.env"), sif(app["image"]))]
         text = (tmp_path / "record").read_text()
         assert text.index(".pre_start.1.env") < text.index("instance\0start")  # the steps ran first
         step = next(c.split("\0") for c in text.split("\036") if "app.pre_start.0.env" in c)
@@ -142,8 +143,10 @@ def test_up_runs_each_step_once_before_the_service_and_again_only_after_down_or_
 
 FAILING = """#!/usr/bin/env bash
 # FAILING-STEP STAND-IN, for this test only: the recording stand-in, except that the `exec` of
-# pre_start step 1 of app prints a line and exits 17.
-case " $* " in *"app.pre_start.1.env"*) "{standin}" "$@"; echo "INFO: noise"; echo "migration 3 failed" >&2; exit 17 ;; esac
+# pre_start step 1 of app prints its error, then a line of the runtime's, and exits 17.
+case " $* " in
+    *"app.pre_start.1.env"*) "{standin}" "$@"; echo "migration 3 failed" >&2; echo "INFO: cleaning up"; exit 17 ;;
+esac
 exec "{standin}" "$@"
 """
 
