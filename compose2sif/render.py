@@ -228,8 +228,8 @@ def _service_function(s: ServicePlan, fn: str) -> List[str]:
         f"    S_EMPTY={_array(b.source for _, b in binds if b.kind in ('tmpfs', 'scratch'))}",
         f"    S_ENDPOINTS={_array(_endpoint(p) for p in s.ports)}",
         f"    S_HEALTH={_array(health['test'] if health else [])}",
-        # per pre_start step: its image key, its env file, its fingerprint (all ours: plain)
-        f"    S_PRE_START=({' '.join(f'{p.image} {p.env_file} {p.fingerprint}' for p in s.pre_start)})",
+        # three words a pre_start step: its image key, its env file, its fingerprint
+        f"    S_PRE_START={_array(w for p in s.pre_start for w in (p.image, p.env_file, p.fingerprint))}",
     ]
     if health:
         lines += [f"    S_HEALTH_INTERVAL={health['interval']} S_HEALTH_TIMEOUT={health['timeout']} "
