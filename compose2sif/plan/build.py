@@ -23,6 +23,7 @@ from compose2sif.plan.images import ImageSource, plan_images
 from compose2sif.plan.knobs import RUNSCRIPT, Found
 from compose2sif.plan.network import (References, ServiceNet, default_port_base, free_address_block, host_port_pairs,
                                       node_listeners, plan_network)
+from compose2sif.plan.pre_start import plan_pre_start
 from compose2sif.plan.types import ImagePlan, Plan, PortPlan, ServicePlan
 from compose2sif.support import unsupported_warnings
 from compose2sif.types import NetworkPlan
@@ -69,7 +70,9 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
     refs = References(found.names, network)
     configs: Dict[str, str] = {}
     drafts = {name: draft(name, project, found, network, refs, configs, options) for name in found.services}
-    return assemble(project, found, network, drafts, configs, options)
+    plan = assemble(project, found, network, drafts, configs, options)
+    plan_pre_start(plan, found.services, found.images, refs, options.secrets)
+    return plan
 
 
 # ---- discover ----------------------------------------------------------------------------------
@@ -280,7 +283,8 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
         if not tls_ports:
             warnings.append(f"--tls: no {' or '.join(image_adapters.tls_families())} service to serve HTTPS; "
                             "nothing was changed")
-    images = {k: ImagePlan(s.kind, s.ref, s.services, f"definitions/{k}.def", f"sif/{k}.sif", s.digest, s.definition)
+    images = {k: ImagePlan(s.kind, s.ref, s.services, f"definitions/{k}.def", f"sif/{k}.sif", s.digest, s.definition,
+                           [f"{name} pre_start[{i}]" for name, i in s.steps])
               for k, s in found.images.items()}
     return Plan(project=project.name, compose_files=project.files, state_dir=STATE,
                 address_block=network.address_block, port_base=network.port_base,

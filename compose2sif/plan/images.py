@@ -45,6 +45,7 @@ class ImageSource:
     exposed: List[int] = field(default_factory=list)
     volumes: List[str] = field(default_factory=list)  # the Dockerfile's VOLUMEs
     warnings: List[str] = field(default_factory=list)
+    steps: List[Tuple[str, int]] = field(default_factory=list)  # (service, index) of the pre_start steps it runs
 
     @property
     def digest(self) -> str:
@@ -263,6 +264,15 @@ def plan_images(services: List[Service], working_dir: str, mirror: Optional[str]
 
     for service in services:
         plan_service(service)
+    for service in services:  # a pre_start step runs its service's image, or another one pulled or built like it
+        for index, step in enumerate(service.pre_start):
+            if step.image is None or (service.image and _image_name(step.image) == _image_name(service.image)):
+                source = planned[service.name]
+            elif _image_name(step.image) in builders:
+                source = plan_service(builders[_image_name(step.image)])
+            else:
+                source = pulled(step.image, f"services.{service.name}.pre_start[{index}].image")
+            source.steps.append((service.name, index))
     return sources
 
 

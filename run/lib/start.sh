@@ -212,6 +212,7 @@ start_service() {
         clear_logs
         : >"$(logs_mark "$name")"
         rm -f "$RUNDIR/$name.stopped"
+        run_pre_start || return 1  # its pre_start steps, where they have not run (run/lib/pre_start.sh)
         runtime_flags
         if [ "$S_ONESHOT" = 1 ]; then
             progress "$name" "running to completion"
