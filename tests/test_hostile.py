@@ -427,7 +427,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from helpers_fuzz import hostile_projects, written_project  # noqa: E402
 
 
-@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None,
+# 20 projects a run (each is four processes); FUZZ_EXAMPLES=500 for a deeper search
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "20")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(project=hostile_projects())
 def test_convert_ps_down_of_a_hostile_project_succeed_or_fail_with_one_line(tmp_path_factory, project):
