@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, STANDIN
+from helpers import REPO, STANDIN, compose2sif_forked
 
 E2E_DIR = Path(__file__).resolve().parent / "e2e"
 
@@ -73,8 +73,9 @@ def project(tmp_path):
     runs on the RECORDING STAND-IN for apptainer; its `instance list --json` answers what the test
     writes to the listing file. Gives (directory, run(*args) of run.sh, the listing file)."""
     (tmp_path / "compose.yaml").write_text(PS_DOWN_COMPOSE)
-    subprocess.run(["python3", "-m", "compose2sif", "-f", str(tmp_path / "compose.yaml"), "convert", "--offline", "-o",
-                    str(tmp_path / "out")], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    converted = compose2sif_forked(["-f", str(tmp_path / "compose.yaml"), "convert", "--offline", "-o",
+                                    str(tmp_path / "out")], tmp_path, {**os.environ, "PYTHONPATH": str(REPO)})
+    assert converted.returncode == 0, converted.stderr
     listing = tmp_path / "listing.json"
     listing.write_text('{"instances": []}')
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "C2S_RUNTIME": str(STANDIN),

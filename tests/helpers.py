@@ -4,9 +4,13 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
+import traceback
 from pathlib import Path
+from typing import Dict, List
 
 import pytest
 
@@ -86,3 +90,60 @@ def check_plan(plan) -> None:
     for client, text in _texts(plan):
         for server, port in finder.references(text):
             assert (server, port) in listening, f"{client} names {server}:{port}, where {server} does not listen"
+
+
+def compose2sif_forked(argv: List[str], cwd: Path, env: Dict[str, str], timeout: int = 120,
+                       errors: str = "strict") -> subprocess.CompletedProcess:
+    """`python3 -m compose2sif ARGV` in CWD with exactly ENV, as subprocess.run answers. Each run
+    is its own process, forked from this one with compose2sif already imported (a new interpreter
+    costs ten times what the command does; the tests run it hundreds of times). ERRORS: how its
+    output is decoded, as subprocess's."""
+    import compose2sif.cli  # noqa: F401  (imported once, here, instead of in every process)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:
+            _forked_main(argv, cwd, env, out.fileno(), err.fileno(), timeout)
+        _, status = os.waitpid(pid, 0)
+        if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM:
+            raise subprocess.TimeoutExpired(["compose2sif", *argv], timeout)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(["compose2sif", *argv], os.waitstatus_to_exitcode(status),
+                                           out.read().decode(errors=errors), err.read().decode(errors=errors))
+
+
+def _forked_main(argv, cwd, env, out_fd, err_fd, timeout) -> None:
+    """The forked child: what `python3 -m compose2sif` does, then its exit; never returns."""
+    code = 1
+    try:
+        signal.alarm(timeout)  # its default action ends this process
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        sys.argv = [str(REPO / "compose2sif" / "__main__.py"), *argv]
+        from compose2sif.cli import main
+        try:
+            main()
+            code = 0
+        except SystemExit as end:  # as the interpreter ends on one
+            if end.code is None or isinstance(end.code, int):
+                code = end.code or 0
+            else:
+                print(end.code, file=sys.stderr)
+                code = 1
+        except BaseException:
+            traceback.print_exc()  # as the interpreter does, "Traceback" and all
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
