@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from compose2sif import adapters as image_adapters
 from compose2sif.adapters import Adapter, Draft
 from compose2sif.load import Project
-from compose2sif.model import Service, services as typed_services
+from compose2sif.model import Service, scaled_to_zero, services as typed_services
 from compose2sif.plan import knobs, secrets
 from compose2sif.plan.binds import STATE, rewrite_bound_files, service_binds, texts_of
 from compose2sif.plan.generated import Replacer
@@ -77,6 +77,8 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
 def discover(project: Project, options: PlanOptions) -> Discovery:
     services = typed_services(project)
     warnings: List[str] = list(project.warnings) + (options.secrets.notes if options.secrets else [])
+    warnings += [f"service {name!r}: scaled to zero (deploy.replicas: 0 or scale: 0); not started, as under Compose"
+                 for name, config in project.config["services"].items() if scaled_to_zero(config)]
     images = plan_images(list(services.values()), project.working_dir, options.registry_mirror, options.image_sources,
                          options.image_configs)
     image_of = {name: key for key, source in images.items() for name in source.services}
@@ -318,10 +320,22 @@ def _levels(services: Dict[str, Service]) -> Dict[str, int]:
 
 
 def _env_file_environment(result: Draft) -> Dict[str, str]:
-    """The environment less the names an --env-file cannot carry (each warned about)."""
-    for key in sorted(k for k in result.environment if not _VALID_NAME.match(k)):
-        result.warnings.append(f"service {result.name!r}: environment variable {key!r} is not a valid shell name "
-                               "and cannot be passed through --env-file; skipped")
+    """The environment an --env-file can carry. The other names (`discovery.type`, which programs
+    read as settings) reach the program through `env NAME=VALUE` in front of its launch line, each
+    one word, quoted as data like the rest of the argv; only a name holding `=` cannot."""
+    others = sorted(k for k in result.environment if not _VALID_NAME.match(k))
+    carried = [f"{k}={result.environment[k]}" for k in others if k and "=" not in k and "\0" not in k]
+    for key in others:
+        if not key or "=" in key or "\0" in key:
+            result.warnings.append(f"service {result.name!r}: environment variable {key!r} cannot be passed to a "
+                                   "program (its name holds `=`); skipped")
+    for key in others:
+        if re.search(r"pass(word|wd)?|secret|token|api.?key", key, re.IGNORECASE):
+            result.warnings.append(f"service {result.name!r}: environment variable {key!r} is not a shell name, so it "
+                                   "reaches the program on `env`'s command line, which every user of the node can "
+                                   "read with `ps` while it starts")
+    if carried:
+        result.launch = ["env", "--", *carried, *(result.launch or [RUNSCRIPT])]
     return {k: v for k, v in result.environment.items() if _VALID_NAME.match(k)}
 
 

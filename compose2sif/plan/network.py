@@ -308,7 +308,9 @@ class References:
                     self.moved.setdefault(service, {})[port] = endpoint.host
         aliases = sorted(self.service_of, key=len, reverse=True)
         alternatives = "|".join(re.escape(n) for n in aliases)
-        self._named = re.compile(r"(?<![\w.-])(" + alternatives + r"):(\d{1,5})(?!\d)") if aliases else None
+        # `name:port`, but not an image's `repo/name:8.13.2` (a tag: a path word before it, a dot after)
+        self._named = re.compile(r"(?<![\w.-])(?<!(?<![/:])/)(" + alternatives + r"):(\d{1,5})(?![\d.]*[\w-])(?!\.\d)")\
+            if aliases else None
         self._bare = re.compile(r"\b(https?|wss?)://((?:[^\s/@'\"]*@)?)(" + alternatives + r")(?=[/\s'\";]|$)") \
             if aliases else None
 
