@@ -110,7 +110,9 @@ def test_a_clash_that_cannot_be_resolved_is_refused_with_the_hint(tmp_path):
     message = str(info.value)
     assert "services 'a' and 'b' both listen on port 9000" in message
     assert "b: healthcheck" in message and "on all interfaces" in message
-    assert 'x-compose2sif: {ports: {"9000": {env: VAR}}}' in message and "bind_address" in message
+    # the fix moves the port: an address alone would not part b from a, which holds 0.0.0.0:9000
+    assert "fix: add to service 'b' `x-compose2sif: {ports: {\"9000\": {env: VAR}}}`" in message
+    assert "bind_address" not in message
 
 
 def test_a_privileged_port_moves_through_its_knob_or_is_refused(tmp_path):

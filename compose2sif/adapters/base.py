@@ -67,6 +67,11 @@ class Adapter:
     def matches(self, repository: str) -> bool:
         return re.search(self.images, repository) is not None
 
+    def shown_by(self, service: Service) -> bool:
+        """Whether the project shows this program in the service whatever its image is called (a
+        config mounted where it reads one, its name in the command)."""
+        return False
+
     def configurable(self, service: Service) -> bool:
         """Whether its ``config`` knobs work for this service (a config we render is mounted)."""
         return True

@@ -86,7 +86,7 @@ def discover(project: Project, options: PlanOptions) -> Discovery:
         warnings.extend(source.warnings)
     presets = options.presets if options.presets is not None else \
         image_adapters.presets_for(s.image for s in services.values())
-    adapters = {name: image_adapters.adapter_for(s.image, presets) for name, s in services.items()}
+    adapters = {name: image_adapters.adapter_for(s.image, presets, s) for name, s in services.items()}
     names = {name: list(dict.fromkeys(n for n in [name, s.container_name, s.hostname, *s.aliases] if n))
              for name, s in services.items()}
     launches = {name: _launch(s) for name, s in services.items()}
@@ -126,7 +126,9 @@ def _evidence(services: Dict[str, Service], adapters: Dict[str, Optional[Adapter
     finder = References(names)
     for name, service in services.items():  # what clients say: `db:5432`, `http://web/`, DB_HOST + DB_PORT
         pairs = [(host, port) for _, host, port in host_port_pairs(service.environment)]
-        for server, port in [r for _, text in texts_of(service) for r in finder.references(text)] + \
+        texts = [text for _, text in texts_of(service)]
+        local = set().union(*(image_adapters.names_not_hosts(text) for text in texts))
+        for server, port in [r for text in texts for r in finder.references(text, local)] + \
                 [(finder.service_of[h], p) for h, p in pairs if h in finder.service_of]:
             found[server].saw(port, "own settings" if server == name else f"referenced by {name}")
         for key, value in service.environment.items():  # CACHE_HOST=cache: a client on cache's default port

@@ -156,7 +156,24 @@ def set_flag(argv: List[str], flag: str, value: str, append: bool = False) -> Li
             if arg == flag and i + 1 < len(out):
                 out[i + 1] = value
                 return out
-    return out + [flag, value]
+    at = _options_end(out)
+    return out[:at] + [flag, value] + out[at:]
+
+
+def _options_end(argv: List[str]) -> int:
+    """Where a new option goes: after the options already there (and their values), before the
+    positional arguments after them (`server --console-address :9090 /data`: before `/data`, where
+    many programs stop parsing options). Without options: before the paths after the first
+    argument (`server /data`), else at the end (`node server.js`: the script comes first)."""
+    options = [i for i, arg in enumerate(argv) if i > 0 and arg.startswith("-") and arg not in ("-", "--")]
+    if options:
+        last = options[-1]
+        takes_value = "=" not in argv[last] and last + 1 < len(argv) and not argv[last + 1].startswith("-")
+        return last + 2 if takes_value else last + 1
+    for i in range(2, len(argv)):
+        if argv[i].startswith(("/", "./", "../", "~")):
+            return i
+    return len(argv)
 
 
 def apply_argv_edits(argv: List[str], edits: List[Tuple[Tuple[int, int, int], str]]) -> List[str]:
@@ -186,17 +203,28 @@ def _hint_knob(spec: Any, what: str, path: str) -> Optional[Knob]:
     """{env: NAME[, template: ...]}, {flag: --name} or {fixed: true} (None: known, cannot be told)."""
     if isinstance(spec, dict) and spec.get("fixed") is True and len(spec) == 1:
         return None
-    if isinstance(spec, dict) and isinstance(spec.get("env"), str) and spec["env"]:
+    if isinstance(spec, dict) and (isinstance(spec.get("env"), str) and spec["env"] or
+                                   isinstance(spec.get("flag"), str) and spec["flag"].startswith("-")):
         template = spec.get("template", "{%s}" % what)
         try:  # tell() fills it with these three
             str(template).format(address="", port=0, value="")
         except (ValueError, KeyError, IndexError, AttributeError, TypeError) as exc:
             raise ComposeError(f"template {template!r}: not a template of {{address}}, {{port}} and {{value}} "
                                f"({exc})", path=f"{path}.template") from None
-        return Knob("env", spec["env"], str(template))
-    if isinstance(spec, dict) and isinstance(spec.get("flag"), str) and spec["flag"].startswith("-"):
-        return Knob("flag", spec["flag"], "{%s}" % what)
+        if isinstance(spec.get("env"), str) and spec["env"]:
+            return Knob("env", spec["env"], str(template))
+        return Knob("flag", spec["flag"], str(template))
     raise ComposeError(f"expected {{env: NAME}}, {{flag: --name}} or {{fixed: true}}, not {spec!r}", path=path)
+
+
+def _shaped(knob: Optional[Knob], env: Dict[str, Optional[str]]) -> Optional[Knob]:
+    """A port variable that holds `:9000` or `host:9000` keeps that shape: only its port changes."""
+    value = env.get(knob.name) if knob is not None and knob.kind == "env" and knob.template == "{port}" else None
+    match = re.fullmatch(r"(.*):(\d{1,5})", value) if isinstance(value, str) else None
+    if match is None:
+        return knob
+    host = match.group(1).replace("{", "{{").replace("}", "}}")
+    return Knob("env", knob.name, host + ":{port}")
 
 
 def service_net(service: Service, adapter: Optional[Adapter], launch: Optional[List[str]], exposed: List[int],
@@ -228,7 +256,7 @@ def service_net(service: Service, adapter: Optional[Adapter], launch: Optional[L
     for key, spec in hinted.items():
         if not (isinstance(key, str) and key.isascii() and key.isdigit() and 0 < int(key) < 65536):
             raise ComposeError(f"{key!r} is not a port number", path=f"{path}.ports")
-        knob = _hint_knob(spec, "port", f"{path}.ports.{key}")
+        knob = _shaped(_hint_knob(spec, "port", f"{path}.ports.{key}"), service.environment)
         saw(int(key), "x-compose2sif")
         if knob is None:
             fixed.add(int(key))
@@ -278,16 +306,32 @@ def service_net(service: Service, adapter: Optional[Adapter], launch: Optional[L
                       per_port_address=bool(adapter and adapter.per_port_address))
 
 
+def _port_in(knob: Knob, draft: Draft) -> str:
+    """The port an address setting holds now (`LISTEN_ADDR=0.0.0.0:8888`), kept when only the
+    address is told: a port the plan does not know of is not the planner's to drop."""
+    if knob.kind == "env":
+        value = draft.environment.get(knob.name) or ""
+    elif knob.kind == "argv" and draft.launch is not None and knob.where is not None:
+        index, start, end = knob.where
+        value = draft.launch[index][start:end]
+    else:
+        value = ""
+    match = re.search(r":(\d{1,5})$", value)
+    return match.group(1) if match else ""
+
+
 def tell(draft: Draft, net: ServiceNet, adapter: Optional[Adapter]) -> None:
     """Set the knobs: the service's address (unless it listens on all), and each moved port."""
     values: List[Tuple[Knob, Dict[str, Any]]] = []   # knob, {address, port, value}
     if draft.address not in WILDCARDS:
         for knob in net.address_knobs:
-            port = next((e.host for e in draft.endpoints.values() if net.listens[e.container].knob == knob), "")
+            port = next((e.host for e in draft.endpoints.values() if net.listens[e.container].knob == knob),
+                        _port_in(knob, draft))
             values.append((knob, {"address": draft.address, "port": port, "value": draft.address}))
+    told = {knob for knob, _ in values}
     for endpoint in draft.endpoints.values():
         knob = net.listens[endpoint.container].knob
-        if endpoint.moved and knob is not None and knob not in net.address_knobs:
+        if endpoint.moved and knob is not None and knob not in told:  # an address knob too: `--address :9001`
             values.append((knob, {"address": endpoint.address, "port": endpoint.host, "value": endpoint.host}))
     edits, flags = [], []
     for knob, value in values:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from compose2sif import adapters
@@ -124,6 +124,7 @@ class ServiceNet:
     listens: Dict[int, Listen]
     address_knobs: List[Knob]         # empty: it cannot be told an address and listens on all of them
     per_port_address: bool = False    # each port can listen on an address of its own (a config's `listen`)
+    fixes: Dict[int, str] = field(default_factory=dict)  # port -> the fix its adapter knows, where it cannot move
 
 
 def _port_variable(evidence: str) -> bool:
@@ -148,13 +149,15 @@ def _proves_listener(evidence: str) -> bool:
     return evidence not in OPTIONAL_EVIDENCE + DECLARED and not _port_variable(evidence)
 
 
-def _hint_for(service: str, port: int, address: bool) -> str:
-    ports = f'x-compose2sif: {{ports: {{"{port}": {{env: VAR}}}}}}'
-    text = (f"add to service {service!r} `{ports}` naming the variable it reads its port from "
-            f"(or `{{flag: --its-port-option}}`)")
-    if address:
-        text += ", or `x-compose2sif: {bind_address: {env: VAR}}` naming the variable it reads its listen address from"
-    return text
+def _hint_for(s: "ServiceNet", port: int) -> str:
+    """The fix for a port that cannot move: what the service's program shows (its adapter's), else
+    the hint that names the variable (or flag) it reads its port from. Moving the port is the fix
+    that always works; an address alone does not part two services from a third on 0.0.0.0."""
+    if port in s.fixes:
+        return s.fixes[port]
+    return (f"fix: add to service {s.name!r} `x-compose2sif: {{ports: {{\"{port}\": {{env: VAR}}}}}}`, VAR being the "
+            f"variable it reads its port from (for a flag: `{{flag: --name}}`, with `template: \"{{address}}:{{port}}\"` "
+            f"where it takes host:port)")
 
 
 def _evidence(listen: Listen) -> str:
@@ -195,12 +198,12 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
                 else:
                     warnings.append(f"service {s.name!r}: port {port} is published as {number}, but compose2sif "
                                     f"cannot tell it another port; it is served on {where}:{port} "
-                                    f"({_hint_for(s.name, port, False)})")
+                                    f"({_hint_for(s, port)})")
             if host < 1024:
                 if listen.knob is None:
                     message = (f"service {s.name!r} listens on port {host} (seen in: {_evidence(listen)}), which an "
-                               f"unprivileged user cannot bind, and compose2sif cannot move it: "
-                               f"{_hint_for(s.name, port, False)}")
+                               f"unprivileged user cannot bind, and compose2sif cannot move it; "
+                               f"{_hint_for(s, port)}")
                     if listen.weak:
                         warnings.append(message)
                         continue
@@ -240,7 +243,7 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
             message = (f"services {svc!r} and {s.name!r} both listen on port {host} "
                        f"({svc}: {_evidence(theirs)}; {s.name}: {_evidence(listen)})"
                        + (" on all interfaces" if WILDCARD in (where, address.get(svc)) else "")
-                       + f" and neither can be moved: {_hint_for(s.name, listen.port, where == WILDCARD)}")
+                       + f" and neither can be moved; {_hint_for(s, listen.port)}")
             if listen.weak or theirs.weak:
                 warnings.append(message)
             else:
@@ -249,7 +252,7 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
         if holder is not None:
             warnings.append(f"service {s.name!r}: {where}:{host} is taken on this node now (by a listener on "
                             f"{holder[0]}:{holder[1]}); `up` will fail unless it is free then "
-                            f"({_hint_for(s.name, listen.port, where == WILDCARD)})")
+                            f"({_hint_for(s, listen.port)})")
         record(s, listen, where, host)
 
     for s, listen, where, host, why in [w for w in wanted if w[1].knob is not None]:
@@ -318,11 +321,12 @@ class References:
         service = self.service_of.get(name)
         return self.moved.get(service or "", {}).get(port)
 
-    def references(self, text: str) -> List[Tuple[str, int]]:
-        """(service, port) of every ``name:port`` and bare ``http://name`` in the text."""
+    def references(self, text: str, local: Set[str] = frozenset()) -> List[Tuple[str, int]]:
+        """(service, port) of every ``name:port`` and bare ``http://name`` in the text; ``local``:
+        names the service's other config files define for themselves (an upstream block)."""
         found = []
         if self._named is not None:
-            local = adapters.names_not_hosts(text)
+            local = set(local) | adapters.names_not_hosts(text)
             found += [(self.service_of[m.group(1)], int(m.group(2))) for m in self._named.finditer(text)]
             found += [(self.service_of[m.group(3)], _SCHEME_PORTS[m.group(1)]) for m in self._bare.finditer(text)
                       if m.group(3) not in local]
