@@ -72,6 +72,11 @@ class Adapter:
         config mounted where it reads one, its name in the command)."""
         return False
 
+    def fix(self, service: Service, port: int) -> Optional[str]:
+        """Where its port cannot move as the service stands: the change that lets it (a line
+        starting `fix:`), or None (the generic hint, naming the variable it reads its port from)."""
+        return None
+
     def configurable(self, service: Service) -> bool:
         """Whether its ``config`` knobs work for this service (a config we render is mounted)."""
         return True

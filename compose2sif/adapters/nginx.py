@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from compose2sif.adapters.base import Adapter, Draft
 from compose2sif.errors import ComposeError
@@ -28,6 +28,13 @@ class Nginx(Adapter):
         directory the command copies in): either way we render what it listens on."""
         return any(m.type == "bind" and m.target.startswith("/etc/nginx") for m in service.mounts) or \
             any(_listens(path) for path, _ in _bound_configs(_binds(service)))
+
+    def fix(self, service, port: int) -> Optional[str]:
+        """nginx reads its ports from its config, never a variable: bind one, and it is rendered."""
+        return (f"fix: bind its config into service {service.name!r} (the image's own is "
+                f"/etc/nginx/conf.d/default.conf, `listen {port};`): add to its volumes "
+                f"`./{service.name}-default.conf:/etc/nginx/conf.d/default.conf:ro`, and compose2sif renders where it "
+                "listens")
 
     def shown_by(self, service) -> bool:
         """nginx whatever the image is called: its config mounted under /etc/nginx, `nginx` run by

@@ -113,12 +113,13 @@ def _evidence(services: Dict[str, Service], adapters: Dict[str, Optional[Adapter
               launches: Dict[str, Optional[List[str]]]) -> Dict[str, Found]:
     """Where each service listens, as its own settings and its clients say."""
     peers = {n.lower() for ns in names.values() for n in ns}
+    shared = _shared_settings(services)
     found: Dict[str, Found] = {}
     for name, service in services.items():
         found[name] = Found()
         adapter = adapters[name]
         knobs.from_environment(service.environment, peers - {n.lower() for n in names[name]}, found[name],
-                               knobs.read_by(adapter.address, adapter.ports) if adapter else None)
+                               knobs.read_by(adapter.address, adapter.ports) if adapter else None, shared)
         if launches[name] is not None:
             knobs.from_argv(launches[name], found[name])
         if service.healthcheck is not None:
@@ -138,6 +139,23 @@ def _evidence(services: Dict[str, Service], adapters: Dict[str, Optional[Adapter
                     for port in adapters[server].ports:
                         found[server].saw(port, f"named by {name} ({key})")
     return found
+
+
+_SETTINGS_FILE = 10  # services with this many settings alike got them from one file (an env_file, an anchor)
+
+
+def _shared_settings(services: Dict[str, Service]) -> Set[str]:
+    """The variables a project hands many services at once, through one env_file or YAML anchor:
+    such a file carries every program's settings, so none of them says what one program reads."""
+    settings = {name: {(k, v) for k, v in s.environment.items() if isinstance(v, str)} for name, s in services.items()}
+    names = sorted(settings)
+    shared: Set[str] = set()
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            alike = settings[a] & settings[b]
+            if len(alike) >= _SETTINGS_FILE:
+                shared |= {k for k, _ in alike}
+    return shared
 
 
 # ---- place -------------------------------------------------------------------------------------

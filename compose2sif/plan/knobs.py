@@ -64,17 +64,19 @@ def read_by(address: Optional[Knob], ports: Dict[int, Knob]) -> Set[str]:
 
 
 def from_environment(env: Dict[str, Optional[str]], peers: set, found: Found,
-                     reads: Optional[Set[str]] = None) -> None:
+                     reads: Optional[Set[str]] = None, shared: Set[str] = frozenset()) -> None:
     """`HOST=0.0.0.0`, `BIND_ADDRESS=0.0.0.0:8000`, `LISTEN_ADDR=:9000`, `PORT=8000`, `HTTP_PORT=3000`.
     ``peers``: lower-case names of the project's services (a `DB_PORT` beside service `db` is a client's).
     ``reads``: where the image's adapter says which variables it reads (``read_by``), only those are
     knobs. A variable that reaches many services through one shared env_file (a project-wide
-    BIND_ADDRESS) is not every one's listen setting."""
+    BIND_ADDRESS, ``shared``) is not every one's listen setting: only the adapter can say a
+    program reads it; otherwise it is neither evidence nor a knob, and the service listens where
+    it does (on all addresses, which the plan then says)."""
     for key in sorted(env):
         value = env[key]
         if not isinstance(value, str):
             continue
-        if reads is not None and key not in reads:
+        if reads is not None and key not in reads or reads is None and key in shared:
             continue
         if _ADDRESS_ENV.search(key):
             match = _address_value(value)
@@ -302,8 +304,11 @@ def service_net(service: Service, adapter: Optional[Adapter], launch: Optional[L
         if adapter is not None and adapter.address is not None and \
                 all(k.name != adapter.address.name for k in address_knobs):
             address_knobs.append(adapter.address)
+    fixes = {port: adapter.fix(service, port) for port, listen in listens.items()
+             if adapter is not None and listen.knob is None and port in adapter.ports and port not in fixed}
     return ServiceNet(service.name, names, listens, [k for k in map(usable, address_knobs) if k is not None],
-                      per_port_address=bool(adapter and adapter.per_port_address))
+                      per_port_address=bool(adapter and adapter.per_port_address),
+                      fixes={port: text for port, text in fixes.items() if text})
 
 
 def _port_in(knob: Knob, draft: Draft) -> str:

@@ -149,15 +149,30 @@ def _proves_listener(evidence: str) -> bool:
     return evidence not in OPTIONAL_EVIDENCE + DECLARED and not _port_variable(evidence)
 
 
+_VAR = ("VAR being the variable it reads its port from (for a flag: `{flag: --name}`, with "
+        "`template: \"{address}:{port}\"` where it takes host:port)")
+
+
 def _hint_for(s: "ServiceNet", port: int) -> str:
     """The fix for a port that cannot move: what the service's program shows (its adapter's), else
     the hint that names the variable (or flag) it reads its port from. Moving the port is the fix
     that always works; an address alone does not part two services from a third on 0.0.0.0."""
-    if port in s.fixes:
-        return s.fixes[port]
-    return (f"fix: add to service {s.name!r} `x-compose2sif: {{ports: {{\"{port}\": {{env: VAR}}}}}}`, VAR being the "
-            f"variable it reads its port from (for a flag: `{{flag: --name}}`, with `template: \"{{address}}:{{port}}\"` "
-            f"where it takes host:port)")
+    return _fixes([(s, port)])
+
+
+def _fixes(refused: List[Tuple["ServiceNet", int]]) -> str:
+    """One fix for every port refused: each service's ports in one hint, its adapter's fix as given."""
+    by_service: Dict[str, List[int]] = {}
+    known: List[str] = []
+    for s, port in refused:
+        if port in s.fixes:
+            known.append(s.fixes[port].removeprefix("fix: "))
+        else:
+            by_service.setdefault(s.name, []).append(port)
+    hints = ["add to service %r `x-compose2sif: {ports: {%s}}`" % (name, ", ".join(
+        f'"{port}": {{env: VAR}}' for port in sorted(set(ports)))) for name, ports in by_service.items()]
+    parts = list(dict.fromkeys(known + hints))
+    return "fix: " + "; ".join(parts) + (f", {_VAR}" if hints else "")
 
 
 def _evidence(listen: Listen) -> str:
@@ -186,6 +201,7 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
 
     # Where each port wants to be, before clashes: its own port, or the published one.
     wanted: List[Tuple[ServiceNet, Listen, str, int, str]] = []   # (service, listen, address, port, why it moved)
+    refusals: List[Tuple[ServiceNet, int, str]] = []               # (service, port, why): refused all at once
     for s in sorted(services, key=lambda s: s.name):
         for port, listen in sorted(s.listens.items()):
             where = ((listen.host_ip or WILDCARD) if listen.published is not None and s.per_port_address
@@ -206,8 +222,9 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
                                f"{_hint_for(s, port)}")
                     if listen.weak:
                         warnings.append(message)
-                        continue
-                    raise ComposeError(message, path=f"services.{s.name}")
+                    else:
+                        refusals.append((s, port, message.split("; fix: ")[0]))
+                    continue
                 host, why = -1, f"{host} is privileged"
             wanted.append((s, listen, where, host, why))
 
@@ -247,13 +264,19 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
             if listen.weak or theirs.weak:
                 warnings.append(message)
             else:
-                raise ComposeError(message, path=f"services.{s.name}")
+                refusals.append((s, listen.port, message.split("; fix: ")[0]))
         holder = next((b for b in busy if overlaps(b, (where, host))), None)
         if holder is not None:
             warnings.append(f"service {s.name!r}: {where}:{host} is taken on this node now (by a listener on "
                             f"{holder[0]}:{holder[1]}); `up` will fail unless it is free then "
                             f"({_hint_for(s, listen.port)})")
         record(s, listen, where, host)
+
+    if refusals:
+        first = refusals[0][2]
+        more = [f"{s.name!r} on port {port}" for s, port, _ in refusals[1:]]
+        raise ComposeError(first + (f" (the same for {', '.join(more)})" if more else "") + "; "
+                           + _fixes([(s, port) for s, port, _ in refusals]), path=f"services.{refusals[0][0].name}")
 
     for s, listen, where, host, why in [w for w in wanted if w[1].knob is not None]:
         if host != -1:
