@@ -370,3 +370,143 @@ def test_long_dependency_chains_and_expose_ranges(tmp_path):
     plan = plan_for(tmp_path, f"services:\n{chain}\n  s250: {{image: example/s, expose: ['7000-7002']}}\n")
     assert plan.service("s0").level == 250
     assert [p.container for p in plan.service("s250").ports] == [7000, 7001, 7002]
+
+
+# ---- issue 18: evidence only from what a service reads, knobs only where it reads them ----------
+
+def test_an_image_reference_is_not_a_service_and_port():
+    from compose2sif.plan.network import References
+    refs = References({"elasticsearch": ["elasticsearch"], "db": ["db"]})
+    assert refs.references("image: docker.elastic.co/elasticsearch/elasticsearch:8.13.2 and repo/db:16-alpine") == []
+    assert refs.references("http://elasticsearch:9200/ db:5432, tcp://db:5433") == [
+        ("elasticsearch", 9200), ("db", 5432), ("db", 5433)]
+
+
+def test_compose_files_and_sources_in_a_bound_tree_are_no_evidence(tmp_path):
+    """The service binds the whole project: its compose file names `es:8` as an image tag and `web:80`
+    in a comment, its sources `web:81`; none of that is a listener (it would be refused: < 1024)."""
+    plan = plan_for(tmp_path, """
+        services:
+          es: {image: "repo/es:8.13.2"}   # web:80
+          web: {image: example/web}
+          app: {image: example/app, volumes: [".:/src"]}
+    """, files={"main.py": "URL = 'http://web:81/'\n", "settings.json": '{"search": "es:9200"}\n'})
+    assert [p.container for p in plan.service("web").ports] == []
+    assert [p.container for p in plan.service("es").ports] == [9200]
+
+
+def test_dotted_variables_reach_the_program_through_env_on_its_launch_line(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          es:
+            image: example/es
+            environment: ["discovery.type=single-node", "xpack.security.enabled=false", "ES_JAVA_OPTS=-Xms1g"]
+          app:
+            image: example/app
+            command: ["serve", "--x"]
+            environment: {"a.b": "$$(touch /tmp/x) 'q'"}
+    """)
+    es, app = plan.service("es"), plan.service("app")
+    assert es.launch == ["env", "--", "discovery.type=single-node", "xpack.security.enabled=false",
+                         "/.singularity.d/runscript"]
+    assert es.environment == {"ES_JAVA_OPTS": "-Xms1g"}
+    assert app.launch == ["env", "--", "a.b=$(touch /tmp/x) 'q'", "/.singularity.d/runscript", "serve", "--x"]
+    assert not any("skipped" in w for w in plan.warnings)
+
+
+def test_a_service_scaled_to_zero_is_not_started(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          app: {image: example/app, depends_on: [spare]}
+          spare: {image: example/spare, deploy: {replicas: 0}}
+    """)
+    assert [s.name for s in plan.services] == ["app"]
+    assert plan.service("app").depends_on == []
+    assert any("'spare': scaled to zero" in w for w in plan.warnings)
+
+
+def test_pull_policy_if_not_present_is_printed_as_compose_prints_it(tmp_path):
+    from oracle import base_env, binary, run_oracle, run_ours
+    (tmp_path / "compose.yaml").write_text("services:\n  a: {image: x, pull_policy: if_not_present}\n")
+    rc, ours, err = run_ours([], tmp_path, base_env({}))
+    assert rc == 0, err
+    assert ours["services"]["a"]["pull_policy"] == "missing"
+    if binary() is not None:
+        assert run_oracle([], tmp_path, base_env({}))[1]["services"]["a"]["pull_policy"] == "missing"
+
+
+def test_settings_one_file_hands_many_services_are_no_service_s_knob(tmp_path):
+    """A project-wide .env (LISTEN_ADDR=:8888 for the one server that reads it) reaches every
+    service; the others do not read it, so none is told an address through it."""
+    common = {f"SETTING_{i}": str(i) for i in range(10)}
+    common["LISTEN_ADDR"] = ":8888"
+    (tmp_path / "common.env").write_text("".join(f"{k}={v}\n" for k, v in common.items()))
+    plan = plan_for(tmp_path, """
+        services:
+          server: {image: example/server, env_file: common.env, ports: ["8888:8888"]}
+          worker: {image: example/worker, env_file: common.env}
+    """)
+    assert plan.service("worker").environment["LISTEN_ADDR"] == ":8888" and plan.service("worker").ports == []
+    assert plan.service("server").environment["LISTEN_ADDR"] == ":8888"
+    assert plan.service("server").address == "0.0.0.0"
+    assert any("'server' is published on all interfaces" in w or "'server' listens on all interfaces" in w
+               for w in plan.warnings)
+
+
+def test_an_address_setting_keeps_a_port_the_plan_tells_through_another_knob(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          app:
+            image: example/app
+            environment: {BIND: "0.0.0.0:8000", PORT: "8000"}
+            x-compose2sif: {ports: {"8000": {env: PORT}}}
+    """)
+    app = plan.service("app")
+    assert app.environment["BIND"] == f"{app.address}:8000" and app.address.startswith(BLOCK)
+
+
+def test_nginx_is_recognised_by_its_mounted_config_or_its_command(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          front:
+            image: example/front-with-nginx
+            ports: ["8888:80"]
+            volumes: ["./default.conf:/etc/nginx/conf.d/default.conf:ro"]
+          proxy:
+            image: example/proxy
+            command: ["sh", "-c", "cp /tpl/app.conf /etc/nginx/conf.d/ && exec nginx -g 'daemon off;'"]
+            volumes: ["./tpl:/tpl:ro"]
+    """, files={"default.conf": "server {\n  listen 80;\n}\n", "tpl/app.conf": "server {\n  listen 80;\n}\n"})
+    front, proxy = plan.service("front"), plan.service("proxy")
+    assert (front.adapter, proxy.adapter) == ("nginx", "nginx")
+    front80 = port(plan, "front", 80)
+    assert front80.host >= 1024 and f"listen {front80.address}:{front80.host};" in \
+        plan.configs["config/front/root/etc/nginx/conf.d/default.conf"]
+    copied = [t for p, t in plan.configs.items() if p.startswith("config/proxy/") and p.endswith("/tpl/app.conf")]
+    proxy80 = port(plan, "proxy", 80)
+    assert copied and f"listen {proxy80.address}:{proxy80.host};" in copied[0] and proxy80.host >= 1024
+
+
+def test_minio_is_told_host_and_port_before_its_data_directories(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          minio:
+            image: minio/minio:RELEASE.2025-03-12T18-04-18Z
+            command: server --console-address ":9090" /data
+            healthcheck: {test: ["CMD", "curl", "-f", "http://localhost:9000/minio/health/live"]}
+          clickhouse: {image: example/clickhouse, healthcheck: {test: "wget -q localhost:9000"}}
+    """)
+    minio = plan.service("minio")
+    api = port(plan, "minio", 9000)
+    assert api.host != 9000 and minio.launch == [
+        "/.singularity.d/runscript", "server", "--console-address", f"{minio.address}:9090",
+        "--address", f"{minio.address}:{api.host}", "/data"]
+
+
+def test_a_published_port_the_program_is_not_shown_to_open_is_not_refused(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          web: {image: example/web, command: ["serve", "--port", "8000"], ports: ["8000:8000", "443:443"]}
+    """)
+    assert [p.container for p in plan.service("web").ports] == [8000]
+    assert any("'web' listens on port 443 (seen in: ports)" in w for w in plan.warnings)

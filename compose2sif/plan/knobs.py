@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from compose2sif.adapters import Adapter, Draft
 from compose2sif.errors import ComposeError
 from compose2sif.model import Service
-from compose2sif.plan.network import IMAGE_DEFAULT, IMAGE_EXPOSE, Listen, ServiceNet, strong
+from compose2sif.plan.network import DECLARED, IMAGE_DEFAULT, IMAGE_EXPOSE, Listen, ServiceNet, proves_listener, strong
 from compose2sif.types import WILDCARDS, Knob
 
 RUNSCRIPT = "/.singularity.d/runscript"
@@ -294,6 +294,12 @@ def service_net(service: Service, adapter: Optional[Adapter], launch: Optional[L
         listen.evidence = where
         listen.knob = None if port in fixed else usable(port_knobs.get(port))
         listen.weak = not strong(where)
+    # A published port says where clients go, not that the program opens it: where the service's
+    # own settings or its clients show the ports it listens on, one only published is not refused.
+    if any(proves_listener(e) for listen in listens.values() for e in listen.evidence):
+        for listen in listens.values():
+            if all(e in DECLARED for e in listen.evidence):
+                listen.weak = True
     address_hint = hinted_all.get("bind_address")
     if address_hint is not None:
         address_knobs = [_hint_knob(address_hint, "address", f"{path}.bind_address")]

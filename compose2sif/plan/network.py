@@ -143,7 +143,7 @@ def _exposed_only(listen: Listen) -> bool:
     return bool(listen.evidence) and all(e in (IMAGE_EXPOSE, "expose") for e in listen.evidence)
 
 
-def _proves_listener(evidence: str) -> bool:
+def proves_listener(evidence: str) -> bool:
     """What `up` may hold a service to: not the image's defaults, not a declaration (`ports`,
     `expose`: Docker publishes ports nobody opens, too), not a `FOO_PORT` variable."""
     return evidence not in OPTIONAL_EVIDENCE + DECLARED and not _port_variable(evidence)
@@ -249,7 +249,7 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
         taken.append(((where, host), s.name, listen))
         endpoints[s.name][listen.port] = Endpoint(
             listen.port, host, where, listen.published is not None, listen.knob, list(listen.evidence),
-            required=any(_proves_listener(e) for e in listen.evidence))
+            required=any(proves_listener(e) for e in listen.evidence))
 
     for s, listen, where, host, why in [w for w in wanted if w[1].knob is None]:
         other = clash((where, host))
