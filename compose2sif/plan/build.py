@@ -145,17 +145,25 @@ _SETTINGS_FILE = 10  # services with this many settings alike got them from one 
 
 
 def _shared_settings(services: Dict[str, Service]) -> Set[str]:
-    """The variables a project hands many services at once, through one env_file or YAML anchor:
-    such a file carries every program's settings, so none of them says what one program reads."""
+    """The variables a project hands many programs at once, through one env_file or YAML anchor:
+    such a file carries every program's settings, so none of them says what one program reads.
+    Services of one image (an api and its worker) share settings because they are one program."""
     settings = {name: {(k, v) for k, v in s.environment.items() if isinstance(v, str)} for name, s in services.items()}
     names = sorted(settings)
     shared: Set[str] = set()
     for i, a in enumerate(names):
         for b in names[i + 1:]:
+            if _program(services[a]) == _program(services[b]):
+                continue
             alike = settings[a] & settings[b]
             if len(alike) >= _SETTINGS_FILE:
                 shared |= {k for k, _ in alike}
     return shared
+
+
+def _program(service: Service) -> Any:
+    build = service.raw.get("build")
+    return service.image if not build else repr(build)
 
 
 # ---- place -------------------------------------------------------------------------------------
