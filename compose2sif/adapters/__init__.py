@@ -14,8 +14,8 @@ from compose2sif.model import Service
 
 # first match wins: a preset's adapters come before the general ones they refine
 ADAPTERS: List[Adapter] = [*dify.ADAPTERS, postgres.ADAPTER, redis.ADAPTER, mysql.ADAPTER, mongo.ADAPTER,
-                           nginx.ADAPTER, llamacpp.ADAPTER, vllm.ADAPTER, weaviate.ADAPTER, squid.ADAPTER, minio.ADAPTER,
-                           postgrest.ADAPTER]
+                           nginx.ADAPTER, llamacpp.ADAPTER, vllm.ADAPTER, weaviate.ADAPTER, squid.ADAPTER,
+                           minio.ADAPTER, postgrest.ADAPTER]
 PRESETS: Dict[str, Preset] = {preset.name: preset for preset in (dify.SETUP,)}
 
 

@@ -73,6 +73,7 @@ ADAPTER = Nginx(
     workdir="/",  # the image's WORKDIR
 )
 
+
 def _binds(service) -> List[Tuple[str, str]]:
     return [(m.source, m.target) for m in service.mounts if m.type == "bind" and m.source]
 
