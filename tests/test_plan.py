@@ -510,3 +510,23 @@ def test_a_published_port_the_program_is_not_shown_to_open_is_not_refused(tmp_pa
     """)
     assert [p.container for p in plan.service("web").ports] == [8000]
     assert any("'web' listens on port 443 (seen in: ports)" in w for w in plan.warnings)
+
+
+def test_a_built_image_s_cmd_shows_its_knobs(tmp_path):
+    """Two services built from one Dockerfile whose CMD says `--host 0.0.0.0 --port 9000`: each is
+    told its own address through it, so neither clash is refused; without a knob told the launch
+    stays the image's own."""
+    plan = plan_for(tmp_path, """
+        services:
+          index: {build: ./model, healthcheck: {test: "curl -f localhost:9000/health"}}
+          infer: {build: ./model, healthcheck: {test: "curl -f localhost:9000/health"}}
+          plain: {build: ./plain}
+    """, files={"model/Dockerfile": 'FROM python:3.12\nCMD ["uvicorn", "main:app", "--host", "0.0.0.0", '
+                                    '"--port", "9000"]\n',
+                "plain/Dockerfile": 'FROM python:3.12\nCMD ["python3", "-m", "http.server"]\n'})
+    for name in ("index", "infer"):
+        service = plan.service(name)
+        assert port(plan, name, 9000).host == 9000 and service.address.startswith(BLOCK)
+        assert service.launch == ["/.singularity.d/runscript", "uvicorn", "main:app", "--host", service.address,
+                                  "--port", "9000"]
+    assert plan.service("plain").launch is None

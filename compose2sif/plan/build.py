@@ -90,12 +90,13 @@ def discover(project: Project, options: PlanOptions) -> Discovery:
     names = {name: list(dict.fromkeys(n for n in [name, s.container_name, s.hostname, *s.aliases] if n))
              for name, s in services.items()}
     launches = {name: _launch(s) for name, s in services.items()}
-    found = _evidence(services, adapters, names, launches)
+    runs = {name: launches[name] or _built_launch(images[image_of[name]].cmd) for name in services}
+    found = _evidence(services, adapters, names, runs)
     nets: Dict[str, ServiceNet] = {}
     for name, service in services.items():
         config = options.image_configs.get(service.image or "")
         exposed = list(images[image_of[name]].exposed) + (list(config.exposed) if config else [])
-        nets[name] = knobs.service_net(service, adapters[name], launches[name], exposed, found[name], names[name])
+        nets[name] = knobs.service_net(service, adapters[name], runs[name], exposed, found[name], names[name])
     model_servers = {name: a.family for name, a in adapters.items() if a is not None and a.model_server}
     return Discovery(services, images, image_of, presets, adapters, model_servers, names, launches, nets, warnings)
 
@@ -107,6 +108,13 @@ def _launch(service: Service) -> Optional[List[str]]:
     if service.command is not None:
         return [RUNSCRIPT] + list(service.command)
     return None
+
+
+def _built_launch(cmd: Optional[List[str]]) -> Optional[List[str]]:
+    """What an image built here runs without a command: its runscript given the Dockerfile's CMD,
+    as it would be without arguments. Where that CMD says `--port 9000`, the planner sees it and
+    can tell it another (the launch then says it, else it stays the image's own)."""
+    return [RUNSCRIPT, *cmd] if cmd else None
 
 
 def _evidence(services: Dict[str, Service], adapters: Dict[str, Optional[Adapter]], names: Dict[str, List[str]],
@@ -193,7 +201,7 @@ def draft(name: str, project: Project, found: Discovery, network: NetworkPlan, r
                    launch=found.launches[name], healthcheck=test, binds=binds, configs=configs, refs=refs,
                    tls=options.tls, ssrf_allow=list(options.ssrf_allow), model_servers=found.model_servers,
                    warnings=_unsupported_warnings(service) + bind_warnings)
-    knobs.tell(result, found.nets[name], adapter)
+    knobs.tell(result, found.nets[name], adapter, _built_launch(found.images[found.image_of[name]].cmd))
     result.environment = {k: v for k, v in refs.rewrite_environment(result.environment, name).items()
                           if v is not None}
     if result.launch is not None:

@@ -317,27 +317,28 @@ def service_net(service: Service, adapter: Optional[Adapter], launch: Optional[L
                       fixes={port: text for port, text in fixes.items() if text})
 
 
-def _port_in(knob: Knob, draft: Draft) -> str:
+def _port_in(knob: Knob, draft: Draft, launch: Optional[List[str]]) -> str:
     """The port an address setting holds now (`LISTEN_ADDR=0.0.0.0:8888`), kept when only the
     address is told: a port the plan does not know of is not the planner's to drop."""
     if knob.kind == "env":
         value = draft.environment.get(knob.name) or ""
-    elif knob.kind == "argv" and draft.launch is not None and knob.where is not None:
+    elif knob.kind == "argv" and launch is not None and knob.where is not None:
         index, start, end = knob.where
-        value = draft.launch[index][start:end]
+        value = launch[index][start:end]
     else:
         value = ""
     match = re.search(r":(\d{1,5})$", value)
     return match.group(1) if match else ""
 
 
-def tell(draft: Draft, net: ServiceNet, adapter: Optional[Adapter]) -> None:
-    """Set the knobs: the service's address (unless it listens on all), and each moved port."""
+def tell(draft: Draft, net: ServiceNet, adapter: Optional[Adapter], built: Optional[List[str]] = None) -> None:
+    """Set the knobs: the service's address (unless it listens on all), and each moved port.
+    ``built``: the launch of an image built here, where its knobs were seen (the Dockerfile's CMD)."""
     values: List[Tuple[Knob, Dict[str, Any]]] = []   # knob, {address, port, value}
     if draft.address not in WILDCARDS:
         for knob in net.address_knobs:
             port = next((e.host for e in draft.endpoints.values() if net.listens[e.container].knob == knob),
-                        _port_in(knob, draft))
+                        _port_in(knob, draft, draft.launch or built))
             values.append((knob, {"address": draft.address, "port": port, "value": draft.address}))
     told = {knob for knob, _ in values}
     for endpoint in draft.endpoints.values():
@@ -354,9 +355,9 @@ def tell(draft: Draft, net: ServiceNet, adapter: Optional[Adapter]) -> None:
         elif knob.kind == "flag":
             flags.append((knob, text))
     if edits:
-        draft.launch = apply_argv_edits(draft.launch, edits)
+        draft.launch = apply_argv_edits(draft.launch or built, edits)
     if flags:
         if draft.launch is None:
-            draft.launch = [RUNSCRIPT, *adapter.default_command]
+            draft.launch = built or [RUNSCRIPT, *adapter.default_command]
         for knob, text in flags:
             draft.launch = set_flag(draft.launch, knob.name, text, knob.append)
