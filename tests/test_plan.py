@@ -11,6 +11,7 @@ from compose2sif.load import ProjectOptions, load_project
 from compose2sif.plan import PlanOptions, build_plan
 from compose2sif.plan.network import (default_address_block, default_port_base, free_address_block, overlaps,
                                       parse_address_block)
+from helpers import check_plan
 
 BLOCK = "127.45.3"
 
@@ -530,3 +531,27 @@ def test_a_built_image_s_cmd_shows_its_knobs(tmp_path):
         assert service.launch == ["/.singularity.d/runscript", "uvicorn", "main:app", "--host", service.address,
                                   "--port", "9000"]
     assert plan.service("plain").launch is None
+
+
+def test_a_pulled_image_s_env_and_cmd_show_its_knobs(tmp_path):
+    """Servers on 3000 (a Node default) are refused when nothing says how to tell them; the registry's
+    image configuration says it: `ENV PORT=3000 HOSTNAME=0.0.0.0`, or a CMD with --port."""
+    from compose2sif.registry import ImageConfig
+    compose = """
+        services:
+          web: {image: "example/web:1", healthcheck: {test: "curl -f localhost:3000"}}
+          plugin: {image: "example/plugin:1", environment: {API: "http://web:3000"}}
+          sandbox: {image: "example/sandbox:1", healthcheck: {test: "curl -f localhost:3000"}}
+    """
+    with pytest.raises(ComposeError, match=r"fix: add to service 'web' `x-compose2sif: \{ports: \{\"3000\": \{env: VAR"):
+        plan_for(tmp_path, compose)
+    configs = {"example/web:1": ImageConfig(env={"PORT": "3000", "HOSTNAME": "0.0.0.0"}),
+               "example/plugin:1": ImageConfig(cmd=["node", "dist/main.js", "--port", "3000"]),
+               "example/sandbox:1": ImageConfig(env={"PORT": "3000"})}
+    plan = plan_for(tmp_path, compose, image_configs=configs)
+    check_plan(plan)
+    web, plugin, sandbox = plan.service("web"), plan.service("plugin"), plan.service("sandbox")
+    assert web.environment["HOSTNAME"] == web.address and web.address.startswith(BLOCK)
+    assert sandbox.environment["PORT"] == str(port(plan, "sandbox", 3000).host) != "3000"
+    assert plugin.launch in (None, ["/.singularity.d/runscript", "node", "dist/main.js", "--port",
+                                    str(port(plan, "plugin", 3000).host)])

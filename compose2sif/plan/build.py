@@ -90,8 +90,9 @@ def discover(project: Project, options: PlanOptions) -> Discovery:
     names = {name: list(dict.fromkeys(n for n in [name, s.container_name, s.hostname, *s.aliases] if n))
              for name, s in services.items()}
     launches = {name: _launch(s) for name, s in services.items()}
-    runs = {name: launches[name] or _built_launch(images[image_of[name]].cmd) for name in services}
-    found = _evidence(services, adapters, names, runs)
+    runs = {name: launches[name] or _built_launch(_image_cmd(s, images[image_of[name]], options))
+            for name, s in services.items()}
+    found = _evidence(services, adapters, names, runs, options.image_configs)
     nets: Dict[str, ServiceNet] = {}
     for name, service in services.items():
         config = options.image_configs.get(service.image or "")
@@ -110,23 +111,32 @@ def _launch(service: Service) -> Optional[List[str]]:
     return None
 
 
+def _image_cmd(service: Service, source: ImageSource, options: PlanOptions) -> Optional[List[str]]:
+    """The image's CMD where known: its Dockerfile's (built here), or its registry configuration's."""
+    config = options.image_configs.get(service.image or "") if source.kind != "build" else None
+    return source.cmd if source.kind == "build" else (list(config.cmd) if config and config.cmd else None)
+
+
 def _built_launch(cmd: Optional[List[str]]) -> Optional[List[str]]:
-    """What an image built here runs without a command: its runscript given the Dockerfile's CMD,
-    as it would be without arguments. Where that CMD says `--port 9000`, the planner sees it and
-    can tell it another (the launch then says it, else it stays the image's own)."""
+    """What an image runs without a command: its runscript given the image's CMD, as it would be
+    without arguments. Where that CMD says `--port 9000`, the planner sees it and can tell it
+    another (the launch then says it, else it stays the image's own)."""
     return [RUNSCRIPT, *cmd] if cmd else None
 
 
 def _evidence(services: Dict[str, Service], adapters: Dict[str, Optional[Adapter]], names: Dict[str, List[str]],
-              launches: Dict[str, Optional[List[str]]]) -> Dict[str, Found]:
-    """Where each service listens, as its own settings and its clients say."""
+              launches: Dict[str, Optional[List[str]]], image_configs: Dict[str, Any]) -> Dict[str, Found]:
+    """Where each service listens, as its own settings, its image's ENV and its clients say. The
+    image's ENV (`PORT=3000`, `HOSTNAME=0.0.0.0`) is what its author set for the program to read."""
     peers = {n.lower() for ns in names.values() for n in ns}
     shared = _shared_settings(services)
     found: Dict[str, Found] = {}
     for name, service in services.items():
         found[name] = Found()
         adapter = adapters[name]
-        knobs.from_environment(service.environment, peers - {n.lower() for n in names[name]}, found[name],
+        config = image_configs.get(service.image or "")
+        environment = {**(config.env if config else {}), **service.environment}
+        knobs.from_environment(environment, peers - {n.lower() for n in names[name]}, found[name],
                                knobs.read_by(adapter.address, adapter.ports) if adapter else None, shared)
         if launches[name] is not None:
             knobs.from_argv(launches[name], found[name])
@@ -201,7 +211,8 @@ def draft(name: str, project: Project, found: Discovery, network: NetworkPlan, r
                    launch=found.launches[name], healthcheck=test, binds=binds, configs=configs, refs=refs,
                    tls=options.tls, ssrf_allow=list(options.ssrf_allow), model_servers=found.model_servers,
                    warnings=_unsupported_warnings(service) + bind_warnings)
-    knobs.tell(result, found.nets[name], adapter, _built_launch(found.images[found.image_of[name]].cmd))
+    knobs.tell(result, found.nets[name], adapter,
+               _built_launch(_image_cmd(service, found.images[found.image_of[name]], options)))
     result.environment = {k: v for k, v in refs.rewrite_environment(result.environment, name).items()
                           if v is not None}
     if result.launch is not None:
