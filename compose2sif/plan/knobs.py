@@ -333,7 +333,7 @@ def _port_in(knob: Knob, draft: Draft, launch: Optional[List[str]]) -> str:
 
 def tell(draft: Draft, net: ServiceNet, adapter: Optional[Adapter], built: Optional[List[str]] = None) -> None:
     """Set the knobs: the service's address (unless it listens on all), and each moved port.
-    ``built``: the launch of an image built here, where its knobs were seen (the Dockerfile's CMD)."""
+    ``built``: the image's own launch (its CMD), where knobs were seen when compose sets no command."""
     values: List[Tuple[Knob, Dict[str, Any]]] = []   # knob, {address, port, value}
     if draft.address not in WILDCARDS:
         for knob in net.address_knobs:

@@ -217,13 +217,12 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
                                     f"({_hint_for(s, port)})")
             if host < 1024:
                 if listen.knob is None:
-                    message = (f"service {s.name!r} listens on port {host} (seen in: {_evidence(listen)}), which an "
-                               f"unprivileged user cannot bind, and compose2sif cannot move it; "
-                               f"{_hint_for(s, port)}")
+                    why = (f"service {s.name!r} listens on port {host} (seen in: {_evidence(listen)}), which an "
+                           f"unprivileged user cannot bind, and compose2sif cannot move it")
                     if listen.weak:
-                        warnings.append(message)
+                        warnings.append(f"{why}; {_hint_for(s, port)}")
                     else:
-                        refusals.append((s, port, message.split("; fix: ")[0]))
+                        refusals.append((s, port, why))
                     continue
                 host, why = -1, f"{host} is privileged"
             wanted.append((s, listen, where, host, why))
@@ -257,14 +256,14 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
             other = None  # an EXPOSE or `expose:` port may never be opened: it refuses nothing (run.sh ignores it)
         if other is not None:
             svc, theirs = other
-            message = (f"services {svc!r} and {s.name!r} both listen on port {host} "
-                       f"({svc}: {_evidence(theirs)}; {s.name}: {_evidence(listen)})"
-                       + (" on all interfaces" if WILDCARD in (where, address.get(svc)) else "")
-                       + f" and neither can be moved; {_hint_for(s, listen.port)}")
+            why = (f"services {svc!r} and {s.name!r} both listen on port {host} "
+                   f"({svc}: {_evidence(theirs)}; {s.name}: {_evidence(listen)})"
+                   + (" on all interfaces" if WILDCARD in (where, address.get(svc)) else "")
+                   + " and neither can be moved")
             if listen.weak or theirs.weak:
-                warnings.append(message)
+                warnings.append(f"{why}; {_hint_for(s, listen.port)}")
             else:
-                refusals.append((s, listen.port, message.split("; fix: ")[0]))
+                refusals.append((s, listen.port, why))
         holder = next((b for b in busy if overlaps(b, (where, host))), None)
         if holder is not None:
             warnings.append(f"service {s.name!r}: {where}:{host} is taken on this node now (by a listener on "
