@@ -9,6 +9,7 @@ follows the plan: each ``listen`` gets its port's planned address and port, and 
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from typing import Dict, List, Optional, Set, Tuple
@@ -85,7 +86,12 @@ def _bound_configs(binds: List[Tuple[str, str]]) -> List[Tuple[str, str]]:
         if os.path.isfile(source):
             found.append((source, target))
         elif os.path.isdir(source):
-            found += [(os.path.join(source, n), os.path.join(target, n)) for n in sorted(os.listdir(source))[:50]]
+            try:  # the first 200 names: a bound data directory may hold millions
+                with os.scandir(source) as entries:
+                    names = sorted(e.name for e in itertools.islice(entries, 200))
+            except OSError:
+                continue
+            found += [(os.path.join(source, n), os.path.join(target, n)) for n in names]
     return [(p, t) for p, t in found if p.endswith((".conf", SUFFIX)) and os.path.isfile(p)]
 
 
