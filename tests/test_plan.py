@@ -555,3 +555,18 @@ def test_a_pulled_image_s_env_and_cmd_show_its_knobs(tmp_path):
     assert sandbox.environment["PORT"] == str(port(plan, "sandbox", 3000).host) != "3000"
     assert plugin.launch in (None, ["/.singularity.d/runscript", "node", "dist/main.js", "--port",
                                     str(port(plan, "plugin", 3000).host)])
+
+
+def test_a_build_argument_naming_a_moved_port_is_rewritten(tmp_path):
+    """`API_URL=http://api:80` is baked into the web image at build time: api moves off port 80, so
+    the argument follows it; an argument naming an unmoved service's port stays as written."""
+    plan = plan_for(tmp_path, """
+        services:
+          api: {image: example/api, command: ["serve", "--port", "80"]}
+          db: {image: postgres:16}
+          web:
+            build: {context: ./web, args: {API_URL: "http://api:80/v1", DB: "db:5432"}}
+    """, files={"web/Dockerfile": "FROM node:20\nARG API_URL\nARG DB\nRUN echo $API_URL $DB > /url\n"})
+    moved = port(plan, "api", 80).host
+    definition = plan.images[plan.service("web").image].text
+    assert f"http://api:{moved}/v1" in definition and "db:5432" in definition and "api:80/" not in definition

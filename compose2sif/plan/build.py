@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from compose2sif import adapters as image_adapters
@@ -19,7 +19,7 @@ from compose2sif.model import Service, scaled_to_zero, services as typed_service
 from compose2sif.plan import knobs, secrets
 from compose2sif.plan.binds import STATE, rewrite_bound_files, service_binds, texts_of
 from compose2sif.plan.generated import Replacer
-from compose2sif.plan.images import ImageSource, plan_images
+from compose2sif.plan.images import ImageSource, build_args, plan_images
 from compose2sif.plan.knobs import RUNSCRIPT, Found
 from compose2sif.plan.network import (References, ServiceNet, default_port_base, free_address_block, host_port_pairs,
                                       node_listeners, plan_network)
@@ -67,6 +67,7 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
     found = discover(project, options)
     network = place(project, found, options)
     refs = References(found.names, network)
+    _rebuild_with_moved_ports(project, found, refs, options)
     configs: Dict[str, str] = {}
     drafts = {name: draft(name, project, found, network, refs, configs, options) for name in found.services}
     return assemble(project, found, network, drafts, configs, options)
@@ -182,6 +183,23 @@ def _shared_settings(services: Dict[str, Service]) -> Set[str]:
 def _program(service: Service) -> Any:
     build = service.raw.get("build")
     return service.image if not build else repr(build)
+
+
+def _rebuild_with_moved_ports(project: Project, found: Discovery, refs: References, options: PlanOptions) -> None:
+    """A build argument that names another service's port that moved (`API_URL=http://api:80`, baked
+    into the image) is rewritten like the service's settings, and its image planned again."""
+    changed = False
+    services = dict(found.services)
+    for name, service in found.services.items():
+        args = build_args(service) if isinstance(service.build, dict) else {}
+        rewritten = {k: refs.rewrite(v) if v is not None else v for k, v in args.items()}
+        if rewritten != args:
+            services[name] = replace(service, build={**service.build, "args": rewritten})
+            changed = True
+    if changed:
+        found.images = plan_images(list(services.values()), project.working_dir, options.registry_mirror,
+                                   options.image_sources, options.image_configs)
+        found.image_of = {name: key for key, source in found.images.items() for name in source.services}
 
 
 # ---- place -------------------------------------------------------------------------------------
