@@ -384,6 +384,15 @@ def _levels(services: Dict[str, Service]) -> Dict[str, int]:
     return levels
 
 
+# `sh -c _WITH_BASH compose2sif-env N NAME=VALUE... RUNSCRIPT ARGS...`: runs `env -- NAME=VALUE...
+# bash RUNSCRIPT ARGS...` (without bash in the image, `env -- NAME=VALUE... RUNSCRIPT ARGS...`). The
+# runscript is an sh script, and dash, Debian's sh, drops variables whose names are not shell names
+# before it execs the program; bash passes them on. The values stay data: positional arguments.
+_WITH_BASH = ('n=$1; shift; b=; command -v bash >/dev/null 2>&1 && b=bash; i=0; c=$#; '
+              'while [ "$i" -lt "$c" ]; do a=$1; shift; set -- "$@" "$a"; i=$((i + 1)); '
+              'if [ "$i" -eq "$n" ] && [ -n "$b" ]; then set -- "$@" "$b"; fi; done; exec env -- "$@"')
+
+
 def _env_file_environment(result: Draft) -> Dict[str, str]:
     """The environment an --env-file can carry. The other names (`discovery.type`, which programs
     read as settings) reach the program through `env NAME=VALUE` in front of its launch line, each
@@ -400,7 +409,11 @@ def _env_file_environment(result: Draft) -> Dict[str, str]:
                                    "reaches the program on `env`'s command line, which every user of the node can "
                                    "read with `ps` while it starts")
     if carried:
-        result.launch = ["env", "--", *carried, *(result.launch or [RUNSCRIPT])]
+        launch = result.launch or [RUNSCRIPT]
+        if launch[0] == RUNSCRIPT:  # run by bash where the image has it: its sh (dash) drops such names
+            result.launch = ["/bin/sh", "-c", _WITH_BASH, "compose2sif-env", str(len(carried)), *carried, *launch]
+        else:
+            result.launch = ["env", "--", *carried, *launch]
     return {k: v for k, v in result.environment.items() if _VALID_NAME.match(k)}
 
 
