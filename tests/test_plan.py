@@ -581,3 +581,17 @@ def test_a_build_argument_naming_a_moved_port_is_rewritten(tmp_path):
     moved = port(plan, "api", 80).host
     definition = plan.images[plan.service("web").image].text
     assert f"http://api:{moved}/v1" in definition and "db:5432" in definition and "api:80/" not in definition
+
+
+def test_a_healthcheck_url_on_the_implied_port_follows_the_move(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          web:
+            image: nginx:1.27
+            ports: ["8080:80"]
+            volumes: ["./default.conf:/etc/nginx/conf.d/default.conf:ro"]
+            healthcheck: {test: ["CMD", "wget", "--spider", "http://127.0.0.1/health"]}
+    """, files={"default.conf": "server {\n  listen 80;\n}\n"})
+    web = port(plan, "web", 80)
+    url = plan.service("web").healthcheck["test"][-1]
+    assert web.host != 80 and url.endswith(f":{web.host}/health") and url.startswith(f"http://{BLOCK}.")

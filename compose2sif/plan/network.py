@@ -373,6 +373,13 @@ class References:
                     return m.group(0)
                 return f"{host_for(m.group(1))}:{endpoint.host}"
             text = re.sub(r"(?<![\w.-])(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):(\d{1,5})(?!\d)", own, text)
+
+            def implied(m: "re.Match[str]") -> str:  # `http://127.0.0.1/health`: its port 80, which moved
+                endpoint = endpoints.get(_SCHEME_PORTS[m.group(1)])
+                if endpoint is None or not endpoint.moved:
+                    return m.group(0)
+                return f"{m.group(1)}://{host_for(m.group(2))}:{endpoint.host}"
+            text = re.sub(r"\b(https?|wss?)://(localhost|127\.0\.0\.1|\[::1\])(?=[/\s'\"]|$)", implied, text)
             if own_host and address not in WILDCARDS:
                 text = re.sub(r"(?<![\w.-])(localhost|127\.0\.0\.1)(?![\w.:-])", address, text)
         return text
