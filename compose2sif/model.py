@@ -235,11 +235,17 @@ def build_service(name: str, config: Dict[str, Any]) -> Service:
 
 def services(project: Project) -> Dict[str, Service]:
     """The active services, typed. A depends_on on a service that profiles disabled and that is
-    not required is dropped here (Compose keeps it in `config` output but never starts it)."""
-    active = project.config["services"]
+    not required is dropped here (Compose keeps it in `config` output but never starts it), and so
+    is a service scaled to zero (`deploy.replicas: 0` or `scale: 0`: Compose creates no container)."""
+    active = {name: config for name, config in project.config["services"].items() if not scaled_to_zero(config)}
     out = {}
     for name, config in active.items():
         service = build_service(name, config)
         service.depends_on = [d for d in service.depends_on if d.service in active]
         out[name] = service
     return out
+
+
+def scaled_to_zero(config: Dict[str, Any]) -> bool:
+    deploy = config.get("deploy") if isinstance(config.get("deploy"), dict) else {}
+    return config.get("scale") == 0 or deploy.get("replicas") == 0

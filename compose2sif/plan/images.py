@@ -44,6 +44,7 @@ class ImageSource:
     workdir: Optional[str] = None  # known from a Dockerfile
     exposed: List[int] = field(default_factory=list)
     volumes: List[str] = field(default_factory=list)  # the Dockerfile's VOLUMEs
+    cmd: Optional[List[str]] = None  # the Dockerfile's CMD in exec form
     warnings: List[str] = field(default_factory=list)
     steps: List[Tuple[str, int]] = field(default_factory=list)  # (service, index) of the pre_start steps it runs
 
@@ -321,5 +322,6 @@ def _build(service: Service, working_dir: str, mirror: Optional[str], local_imag
             warnings.append(f"service {service.name!r}: the Dockerfile's USER {converted.user} is ignored; "
                             "Apptainer runs the service as you")
         return ImageSource(key, "build", context, definition, workdir=converted.workdir,
-                           exposed=converted.exposed, volumes=converted.volumes, warnings=warnings)
+                           exposed=converted.exposed, volumes=converted.volumes, warnings=warnings,
+                           cmd=converted.cmd)
     return identity, make
