@@ -75,3 +75,16 @@ def written_project(tmp_path_factory, text: str, dotenv: str):
     (work / "compose.yaml").write_text(text, encoding="utf-8", errors="surrogateescape")
     (work / ".env").write_text(dotenv, encoding="utf-8", errors="surrogateescape")
     return work
+
+
+def live_standin_instances(instances):
+    """The RECORDING STAND-IN's instances (tests/standins) whose init still runs (a zombie has ended)."""
+    live = []
+    for record in instances.iterdir():
+        try:
+            stat_line = open(f"/proc/{record.read_text().strip()}/stat").read()
+        except (FileNotFoundError, ValueError):
+            continue
+        if stat_line.rsplit(")", 1)[1].split()[0] != "Z":
+            live.append(record.name)
+    return live
