@@ -23,6 +23,7 @@ import shlex
 import signal
 import string
 import subprocess
+import sys
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from compose2sif.convert import ConvertOptions, convert
 from compose2sif.errors import ComposeError
 from compose2sif.load import ProjectOptions
 from compose2sif.load.schema import SCHEMA_PATH
-from helpers import STANDIN
+from helpers import REPO, STANDIN
 from helpers_fuzz import live_standin_instances
 
 with open(SCHEMA_PATH, encoding="utf-8") as _fh:
@@ -366,3 +367,70 @@ def test_an_unreadable_or_endless_nginx_config_is_one_located_line(tmp_path):
     message = convert_or_refuse(tmp_path, text)
     assert message is not None and "default.conf: mounted into nginx's configuration, but not a regular file" \
         in message and "services.web.volumes" in message, message
+
+
+# ---- x-compose2sif.image: a source of the user's choosing, data all the way into a batch job -------
+
+def _c2s(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "compose2sif", *args], cwd=cwd, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(cwd), "PYTHONPATH": str(REPO)}, timeout=120)
+
+
+@pytest.mark.parametrize("source, wording", [
+    ("{docker: null}", "x-compose2sif.image.docker: None: expected an image reference"),
+    ("{docker: {a: 1}}", "x-compose2sif.image.docker: {'a': 1}: expected an image reference"),
+    ("{sif: ''}", "x-compose2sif.image.sif: '': expected a path"),
+    ("{oci-archive: [x]}", "x-compose2sif.image.oci-archive: ['x']: expected a path"),
+    ("{sif: \"a\\n%setup\\n  touch x\"}", "x-compose2sif.image: contains a newline or another control character"),
+    ("{sif: a.sif, docker: b}", "x-compose2sif.image: must be a mapping with one of"),
+])
+def test_an_image_source_that_is_no_string_is_one_located_line(tmp_path, source, wording):
+    text = f"services:\n  app:\n    image: busybox\n    x-compose2sif:\n      image: {source}\n"
+    message = convert_or_refuse(tmp_path, text)
+    assert message is not None and f"services.app.{wording}" in message, message
+    assert message.startswith(f"{tmp_path / 'compose.yaml'}:"), message
+
+
+def test_a_hostile_image_source_stays_data_in_a_batch_job_and_a_planted_one_is_refused(tmp_path):
+    sentinel = tmp_path / "PWNED"
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "compose.yaml").write_text(f"""services:
+  app:
+    image: busybox
+    x-compose2sif: {{image: {{sif: "../x$(touch {sentinel})'.sif"}}}}
+  model:
+    image: busybox
+    x-compose2sif: {{image: {{docker: "vllm/vllm-openai:v0.6.0; touch {sentinel}"}}}}
+""")
+    out = project / "out"
+    proc = _c2s("convert", "--offline", "-o", str(out), cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    plan_path = out / "plan.json"
+    plan = json.loads(plan_path.read_text())
+    for image in plan["images"].values():
+        (out / image["sif"]).write_text("placeholder, not a SIF\n")
+    job = tmp_path / "job.sh"
+    proc = _c2s("batch", "--dir", str(out), "--scheduler", "slurm", "-o", str(job), cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    header = job.read_text().split("set -uo pipefail")[0]
+    sifs = subprocess.run(["bash", "-c", header + '\nprintf "%s\\n" "${sifs[@]}"'], capture_output=True, text=True,
+                          check=True).stdout.split()
+    assert len(sifs) == 2 and all(os.path.dirname(s) == str(out / "sif") for s in sifs), sifs
+    assert not sentinel.exists()
+    # a plan.json edited or planted to send the job elsewhere: one line naming the file, service and key
+    for sif, ref in [("../../victim.sif", None), ("/etc/passwd", None), ("sif/../../x.sif", None),
+                     (None, "x\n#SBATCH --uid=0"), (None, 7)]:
+        edited = json.loads(json.dumps(plan))
+        image = edited["images"][edited["services"][0]["image"]]
+        image.update({k: v for k, v in (("sif", sif), ("ref", ref)) if v is not None})
+        plan_path.write_text(json.dumps(edited))
+        proc = _c2s("batch", "--dir", str(out), "--scheduler", "slurm", "-o", str(job), cwd=project)
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+        assert f"{plan_path}: services.app.image: image" in proc.stderr and "convert again" in proc.stderr, \
+            proc.stderr
+    edited = json.loads(json.dumps(plan))
+    edited["services"][0]["image"] = "nope"
+    plan_path.write_text(json.dumps(edited))
+    proc = _c2s("batch", "--dir", str(out), "--scheduler", "slurm", "-o", str(job), cwd=project)
+    assert proc.returncode == 1 and "services.app.image: 'nope' is not an image of the plan" in proc.stderr
