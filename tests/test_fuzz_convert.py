@@ -1,7 +1,8 @@
 """Fuzz of `convert` (load, plan, render) on projects drawn from the Compose Specification's own schema:
 each service key gets a value of the shape the schema gives it (now and then one of another shape),
 with hostile strings inside, and `x-compose2sif` gets the shapes the planner reads. Every project
-converts or is refused with a ComposeError; any other exception is a crash ("internal error").
+converts or is refused with a ComposeError within CONVERT_TIMEOUT; any other exception is a crash
+("internal error"), a longer convert a hang.
 
 Secrets on command lines: half of the projects carry secrets (a password in `environment`, a
 variable from `.env`, a `secrets:` file and one from the environment, a credential in a
@@ -196,13 +197,24 @@ def convert_or_refuse(work, text, dotenv=""):
     (work / "nginx.conf").write_text("server { listen 80; }\n")
     (work / "c2s-secret.txt").write_text(SENTINEL["file"] + "\n")
     options = ProjectOptions(cwd=str(work), environ={"PATH": "/usr/bin:/bin", "HOME": str(work)})
+    signal.signal(signal.SIGALRM, _hang)
+    signal.setitimer(signal.ITIMER_REAL, CONVERT_TIMEOUT)
     try:
         convert(options, ConvertOptions(output=str(work / "out"), offline=True), lambda line: None)
     except ComposeError as exc:
         message = str(exc)
         assert message and "\n" not in message, message
         return message
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
     return None
+
+
+CONVERT_TIMEOUT = 15  # seconds; a convert takes well under one
+
+
+def _hang(signum, frame):
+    pytest.fail(f"convert did not end in {CONVERT_TIMEOUT}s (a hang)")
 
 
 # ---- run.sh's verbs on what converted, under the recording stand-in --------------------------------
