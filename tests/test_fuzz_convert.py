@@ -112,9 +112,15 @@ X_COMPOSE2SIF = st.one_of(ANY, st.fixed_dictionaries({}, optional={
 SERVICE_NAMES = st.one_of(st.sampled_from(["app", "db", "web.1", "x_y-z", "-lead", "a" * 300]), WORD)
 
 
+# an image of each adapter (compose2sif/adapters/), and Dify's own (they turn its preset on)
+IMAGES = ["busybox", "nginx:1", "redis:7", "postgres:16", "mysql:8", "mongo:7", "ubuntu/squid:6",
+          "semitechnologies/weaviate:1", "vllm/vllm-openai:v0.6.0", "ghcr.io/ggml-org/llama.cpp:server",
+          "langgenius/dify-web:1", "langgenius/dify-sandbox:0.2", "langgenius/dify-plugin-daemon:0.1"]
+
+
 @st.composite
 def schema_service(draw):
-    service = {"image": draw(st.sampled_from(["busybox", "nginx:1", "redis:7", "postgres:16", "mysql:8"]))}
+    service = {"image": draw(st.sampled_from(IMAGES))}
     for key in draw(st.lists(st.sampled_from(sorted(SERVICE_KEYS)), max_size=4, unique=True)):
         service[key] = draw(shaped(SERVICE_KEYS[key]))
     if draw(st.booleans()):
