@@ -289,7 +289,8 @@ def verbs_leave_no_secret_on_argv(work, text, carried, eval_runtime, seen):
             assert not any(e in proc.stderr for e in SHELL_ERRORS), (verb, proc.stderr)
             if proc.returncode != 0:
                 seen["verb rc != 0"] += 1
-                FAILED_VERBS[(verb[0], (proc.stderr.strip().splitlines() or [""])[-1][:150])] += 1
+                last = (proc.stderr.strip().splitlines() or [""])[-1]  # the why, its paths and names left out
+                FAILED_VERBS[(verb[0], re.sub(r"(/\S*|for \S+|image \S+)", "…", last)[:120])] += 1
             calls = record.read_bytes()[before:].split(b"\036")[:-1] if record.exists() else []
             seen["argv recorded"] += len(calls)
             for call in calls:
@@ -305,7 +306,7 @@ def verbs_leave_no_secret_on_argv(work, text, carried, eval_runtime, seen):
 
 def test_convert_of_schema_shaped_projects_never_crashes(tmp_path_factory):
     budget = float(os.environ.get("C2S_FUZZ_SECONDS", "5"))
-    seen = collections.Counter()
+    seen, converted = collections.Counter(), set()
 
     def one_run(run_seed):
         @seed(run_seed)
@@ -318,7 +319,10 @@ def test_convert_of_schema_shaped_projects_never_crashes(tmp_path_factory):
             work = tmp_path_factory.mktemp("fuzz")
             if convert_or_refuse(work, drawn.text, drawn.dotenv) is not None:
                 seen["refused"] += 1
-            elif drawn.verbs:
+                return
+            seen["converted"] += 1
+            converted.add(drawn.text)
+            if drawn.verbs:
                 verbs_leave_no_secret_on_argv(work, drawn.text, drawn.secrets, drawn.eval_runtime, seen)
         check()
 
@@ -327,7 +331,8 @@ def test_convert_of_schema_shaped_projects_never_crashes(tmp_path_factory):
         one_run(run_seed)
         run_seed += 1
     print(f"fuzz: {seen['projects']} projects in {time.monotonic() - start:.1f}s, {run_seed} seeds, "
-          f"{seen['refused']} refused with a ComposeError; {seen['projects through the verbs']} through run.sh's "
+          f"{seen['refused']} refused with a ComposeError, {seen['converted']} converted "
+          f"({len(converted)} distinct); {seen['projects through the verbs']} through run.sh's "
           f"verbs ({seen['argv recorded']} argv recorded, {seen['secrets checked']} secrets checked, "
           f"{seen['verb rc != 0']} verbs exited non-zero)")
     for (verb, line), count in FAILED_VERBS.most_common():
