@@ -1,6 +1,7 @@
 """Hostile projects for hypothesis: compose files and .env files with shell metacharacters, NULs,
 newlines and odd keys in every place, for the fuzz tests of `config` (test_names_and_fuzz.py) and
-of convert, ps and down (test_hostile.py)."""
+of convert, ps and down (test_hostile.py); which instances of the recording stand-in still run
+(test_fuzz_convert.py)."""
 import string
 
 import yaml
