@@ -1,6 +1,7 @@
 """Fuzz of `convert` (load, plan, render) on projects drawn from the Compose Specification's own schema:
 each service key gets a value of the shape the schema gives it (now and then one of another shape),
-with hostile strings inside, and `x-compose2sif` gets the shapes the planner reads. Every project
+with hostile strings inside, and `x-compose2sif` gets the shapes the planner reads; one project in
+four is helpers_fuzz's instead (broken YAML, odd keys, a hostile .env and project name). Every project
 converts or is refused with a ComposeError within CONVERT_TIMEOUT; any other exception is a crash
 ("internal error"), a longer convert a hang.
 
@@ -28,7 +29,7 @@ import sys
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 import yaml
@@ -40,7 +41,7 @@ from compose2sif.errors import ComposeError
 from compose2sif.load import ProjectOptions
 from compose2sif.load.schema import SCHEMA_PATH
 from helpers import REPO, STANDIN
-from helpers_fuzz import live_standin_instances
+from helpers_fuzz import hostile_projects, live_standin_instances
 
 with open(SCHEMA_PATH, encoding="utf-8") as _fh:
     SCHEMA = json.load(_fh)
@@ -149,6 +150,7 @@ class Drawn:
     secrets: List[str] = field(default_factory=list)  # the sentinels the project carries
     verbs: bool = False                  # run run.sh's verbs under the recording stand-in when it converts
     eval_runtime: bool = False           # ... as a runtime without --no-eval (Apptainer 1.0)
+    project_name: Optional[str] = None   # -p
 
 
 def _add_environment(service: dict, pairs: Dict[str, str]) -> None:
@@ -196,13 +198,23 @@ def schema_projects(draw):
     return drawn
 
 
-def convert_or_refuse(work, text, dotenv=""):
+@st.composite
+def hostile_drawn(draw):
+    """helpers_fuzz's hostile projects (broken YAML, odd keys, a hostile .env and project name), for convert."""
+    text, dotenv, project_name = draw(hostile_projects())
+    drawn = Drawn(text, dotenv, project_name=project_name or None)
+    drawn.verbs = zlib.crc32(text.encode("utf-8", "surrogateescape")) % VERBS_ONE_IN == 0
+    return drawn
+
+
+def convert_or_refuse(work, text, dotenv="", project_name=None):
     """Convert the project in `work`; returns the ComposeError's text, or None when it converted."""
     (work / "compose.yaml").write_text(text, encoding="utf-8", errors="surrogateescape")
-    (work / ".env").write_text(dotenv)
+    (work / ".env").write_text(dotenv, encoding="utf-8", errors="surrogateescape")
     (work / "nginx.conf").write_text("server { listen 80; }\n")
     (work / "c2s-secret.txt").write_text(SENTINEL["file"] + "\n")
-    options = ProjectOptions(cwd=str(work), environ={"PATH": "/usr/bin:/bin", "HOME": str(work)})
+    options = ProjectOptions(cwd=str(work), environ={"PATH": "/usr/bin:/bin", "HOME": str(work)},
+                             project_name=project_name)
     signal.signal(signal.SIGALRM, _hang)
     signal.setitimer(signal.ITIMER_REAL, CONVERT_TIMEOUT)
     try:
@@ -313,11 +325,11 @@ def test_convert_of_schema_shaped_projects_never_crashes(tmp_path_factory):
         @settings(max_examples=10, deadline=None, database=None, derandomize=False,
                   suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                          HealthCheck.data_too_large, HealthCheck.filter_too_much])
-        @given(drawn=schema_projects())
+        @given(drawn=st.one_of(schema_projects(), schema_projects(), schema_projects(), hostile_drawn()))
         def check(drawn):
             seen["projects"] += 1
             work = tmp_path_factory.mktemp("fuzz")
-            if convert_or_refuse(work, drawn.text, drawn.dotenv) is not None:
+            if convert_or_refuse(work, drawn.text, drawn.dotenv, drawn.project_name) is not None:
                 seen["refused"] += 1
                 return
             seen["converted"] += 1
