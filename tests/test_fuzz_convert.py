@@ -288,8 +288,8 @@ def verbs_leave_no_secret_on_argv(work, text, carried, eval_runtime, seen):
            "C2S_RUNTIME": str(STANDIN), "C2S_RECORD": str(record), "C2S_STANDIN_INSTANCES": str(instances),
            "C2S_SIF_CACHE": str(work / "sif-cache"), "C2S_STANDIN_EVAL": "1" if eval_runtime else "0"}
     secrets = sorted(secret_values(work, out, text, carried))
-    verbs = [["build", "--force"], ["up", "-d"], ["ps"], ["ps", "--format", "json"], ["logs", names[0]],
-             *[["exec", n, "true"] for n in names], ["restart", names[0]], ["down", "-v"]]
+    verbs = [["build", "--force"], ["up", "-d"], ["ps"], ["ps", "--format", "json"], *[["logs", n] for n in names[:1]],
+             *[["exec", n, "true"] for n in names], *[["restart", n] for n in names[:1]], ["down", "-v"]]
     try:
         for verb in verbs:
             before = record.stat().st_size if record.exists() else 0
@@ -469,3 +469,16 @@ def test_a_hostile_image_source_stays_data_in_a_batch_job_and_a_planted_one_is_r
     plan_path.write_text(json.dumps(edited))
     proc = _c2s("batch", "--dir", str(out), "--scheduler", "slurm", "-o", str(job), cwd=project)
     assert proc.returncode == 1 and "services.app.image: 'nope' is not an image of the plan" in proc.stderr
+
+
+def test_a_project_whose_services_are_all_behind_profiles_is_no_service_selected(tmp_path):
+    """Found by the fuzz: `up` took the empty list of services for one service named ''."""
+    assert convert_or_refuse(tmp_path, "services:\n  app:\n    image: busybox\n    profiles: [debug]\n") is None
+    env = {"PATH": f"{STANDIN.parent}:/usr/bin:/bin", "HOME": str(tmp_path), "C2S_RUNTIME": str(STANDIN),
+           "C2S_RECORD": str(tmp_path / "record")}
+    for verb, rc in ((["up", "-d"], 1), (["build"], 0), (["ps"], 0), (["down"], 0)):
+        proc = subprocess.run([str(tmp_path / "out" / "run.sh"), *verb], env=env, capture_output=True, text=True,
+                              timeout=VERB_TIMEOUT)
+        assert proc.returncode == rc and "no such service" not in proc.stderr, (verb, proc.stderr)
+        if verb[0] == "up":
+            assert proc.stderr == "run.sh: no service selected\n", proc.stderr  # Docker Compose's words
