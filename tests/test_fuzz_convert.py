@@ -267,12 +267,16 @@ def secret_values(work, out, text, carried):
 
 
 def _stop_standin_instances(instances):
-    """End the stand-in instances a failed run left (their inits, by the pids the stand-in recorded)."""
+    """End the stand-in instances a failed run left, as its `instance stop` does: each init's
+    children, then the init (by the pid the stand-in recorded)."""
     for record in instances.iterdir():
-        try:
-            os.kill(int(record.read_text().strip()), signal.SIGKILL)
-        except (ValueError, ProcessLookupError, PermissionError):
-            pass
+        pid = record.read_text().strip()
+        if pid.isdigit():
+            subprocess.run(["pkill", "-KILL", "-P", pid], check=False)
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def verbs_leave_no_secret_on_argv(work, text, carried, eval_runtime, seen):
