@@ -102,7 +102,11 @@ def source_override(service: Service, cli_sources: Dict[str, str]) -> Optional[D
     if not isinstance(hint, dict) or len(hint) != 1 or next(iter(hint)) not in SOURCE_KINDS:
         raise ComposeError(f"must be a mapping with one of {', '.join(SOURCE_KINDS)}",
                            path=f"services.{service.name}.x-compose2sif.image")
-    return {str(k): str(v) for k, v in hint.items()}
+    kind, value = next(iter(hint.items()))
+    if not isinstance(value, str) or not value.strip():  # not str(): `docker: null` is no image named None
+        raise ComposeError(f"{value!r}: expected {'an image reference' if kind == 'docker' else 'a path'}",
+                           path=f"services.{service.name}.x-compose2sif.image.{kind}")
+    return {kind: value}
 
 
 def _checked(value: Any, path: str) -> str:

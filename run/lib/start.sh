@@ -284,7 +284,8 @@ check_host_paths() {
 # The services to start: the ones asked for and everything they depend on, in start order.
 closure() {
     local wanted=("$@") name dep changed=1 out=()
-    [ ${#wanted[@]} -eq 0 ] && { printf '%s\n' "${SERVICES[@]}"; return; }
+    # all of them; none (every service behind a profile not asked for) is no line at all, not an empty name
+    [ ${#wanted[@]} -eq 0 ] && { [ ${#SERVICES[@]} -eq 0 ] || printf '%s\n' "${SERVICES[@]}"; return; }
     declare -A in=()
     for name in "${wanted[@]}"; do load_service "$name"; in[$name]=1; done
     while [ $changed = 1 ]; do
