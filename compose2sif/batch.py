@@ -53,10 +53,11 @@ class BatchOptions:
     stop_lead: int = 120                  # seconds before the time limit the job starts stopping
 
 
-def _server_adapter(plan: dict, service: dict) -> Optional[adapters.Adapter]:
-    """The adapter of the service's image (plan.json names the image by key)."""
-    image = (plan.get("images") or {}).get(service.get("image")) or {}
-    return adapters.adapter_for(image.get("ref"))
+def _server_adapter(service: dict) -> Optional[adapters.Adapter]:
+    """The adapter convert chose for the service (plan.json records its family: the compose image
+    decides it, also where x-compose2sif.image gives a SIF)."""
+    family = service.get("adapter")
+    return next((a for a in adapters.ADAPTERS if family and a.family == family), None)
 
 
 def load_plan(out_dir: str) -> dict:
@@ -192,7 +193,7 @@ def render(plan: dict, out_dir: str, names: List[str], options: BatchOptions) ->
         service = by_name[name]
         if not service.get("gpus") or not gpus:
             continue
-        adapter = _server_adapter(plan, service)
+        adapter = _server_adapter(service)
         size = adapter.parallel_size(service.get("launch") or [], f"services.{name}.command") if adapter else 1
         if size > gpus:
             spanning.append((name, math.ceil(size / gpus)))
@@ -202,7 +203,7 @@ def render(plan: dict, out_dir: str, names: List[str], options: BatchOptions) ->
     ray = by_name[spanning[0][0]] if spanning else None
     nodes = options.nodes or (spanning[0][1] if spanning else 1)
     if ray:
-        problem = _server_adapter(plan, ray).across_nodes_problem(ray["launch"])
+        problem = _server_adapter(ray).across_nodes_problem(ray["launch"])
         if problem:
             raise ComposeError(f"it spans {spanning[0][1]} nodes of {gpus} GPUs: {problem}",
                                path=f"services.{ray['name']}.command")
@@ -329,6 +330,7 @@ def render(plan: dict, out_dir: str, names: List[str], options: BatchOptions) ->
         f"ray_service={q(ray['name']) if ray else ''}",
         f"ray_sif={q(os.path.join(out_dir, images[ray['image']]['sif'])) if ray else ''}",
         f"ray_env={q(os.path.join(out_dir, 'env', ray['name'])) if ray else ''}",
+        f"ray_instance={q(ray['instance']) if ray else ''}  # where the service's Ray driver runs",
         f"ray_binds=({' '.join(q(b) for b in ray_binds)})",
         f"ray_grace={ray_grace}  # seconds: {ray['name'] + chr(39) + 's' if ray else 'the'} stop_grace_period",
         f"iface={q(options.interface)}",
