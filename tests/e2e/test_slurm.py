@@ -55,7 +55,7 @@ def test_slurm_job_runs_the_stack_answers_and_scancel_leaves_nothing(slurm):
                         "--elapse 0:20:00 -o slurmtest/job.sh", check=True)
     assert "WARN" not in written.stderr, written.stderr
     job_text = (stack / "job.sh").read_text()
-    assert "#SBATCH --nodes=1" in job_text and "--gpus-per-node" not in job_text, job_text
+    assert "#SBATCH --nodes=1" in job_text and "#SBATCH --gpus-per-node" not in job_text, job_text
     job = slurm.run("cd ~/slurmtest && sbatch --parsable job.sh", check=True).stdout.strip().split(";")[0]
     output = stack / f"slurmtest.{job}.out"
     try:
