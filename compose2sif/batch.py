@@ -74,9 +74,11 @@ def _image(plan: dict, out_dir: str, service: dict) -> Tuple[str, str]:
     return os.path.join(out_dir, sif), ref
 
 
-def _server_adapter(plan: dict, out_dir: str, service: dict) -> Optional[adapters.Adapter]:
-    """The adapter of the service's image."""
-    return adapters.adapter_for(_image(plan, out_dir, service)[1])
+def _server_adapter(service: dict) -> Optional[adapters.Adapter]:
+    """The adapter convert chose for the service (plan.json records its family: the compose image
+    decides it, also where x-compose2sif.image gives a SIF)."""
+    family = service.get("adapter")
+    return next((a for a in adapters.ADAPTERS if family and a.family == family), None)
 
 
 def load_plan(out_dir: str) -> dict:
@@ -212,7 +214,7 @@ def render(plan: dict, out_dir: str, names: List[str], options: BatchOptions) ->
         service = by_name[name]
         if not service.get("gpus") or not gpus:
             continue
-        adapter = _server_adapter(plan, out_dir, service)
+        adapter = _server_adapter(service)
         size = adapter.parallel_size(service.get("launch") or [], f"services.{name}.command") if adapter else 1
         if size > gpus:
             spanning.append((name, math.ceil(size / gpus)))
@@ -222,7 +224,7 @@ def render(plan: dict, out_dir: str, names: List[str], options: BatchOptions) ->
     ray = by_name[spanning[0][0]] if spanning else None
     nodes = options.nodes or (spanning[0][1] if spanning else 1)
     if ray:
-        problem = _server_adapter(plan, out_dir, ray).across_nodes_problem(ray["launch"])
+        problem = _server_adapter(ray).across_nodes_problem(ray["launch"])
         if problem:
             raise ComposeError(f"it spans {spanning[0][1]} nodes of {gpus} GPUs: {problem}",
                                path=f"services.{ray['name']}.command")
@@ -347,6 +349,7 @@ def render(plan: dict, out_dir: str, names: List[str], options: BatchOptions) ->
         f"ray_service={q(ray['name']) if ray else ''}",
         f"ray_sif={q(_image(plan, out_dir, ray)[0]) if ray else ''}",
         f"ray_env={q(os.path.join(out_dir, 'env', ray['name'])) if ray else ''}",
+        f"ray_instance={q(ray['instance']) if ray else ''}  # where the service's Ray driver runs",
         f"ray_binds=({' '.join(q(b) for b in ray_binds)})",
         f"ray_grace={ray_grace}  # seconds: {ray['name'] + chr(39) + 's' if ray else 'the'} stop_grace_period",
         f"iface={q(options.interface)}",
