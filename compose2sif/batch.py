@@ -55,12 +55,10 @@ class BatchOptions:
     stop_lead: int = 120                  # seconds before the time limit the job starts stopping
 
 
-def _image(plan: dict, out_dir: str, service: dict) -> Tuple[str, str]:
-    """(its SIF's path, its reference or source path) of the service's image, as plan.json names it.
-    The reference is where the image came from (the service's `image:`, `build:` or its
-    `x-compose2sif.image` source): data for the adapters, never a path the job uses. The SIF is the
-    one convert planned, sif/KEY.sif inside the output directory; anything else in a plan.json that
-    was edited or planted is refused, so no value sends the job to a file outside it."""
+def _sif(plan: dict, out_dir: str, service: dict) -> str:
+    """The path of the service's SIF, as plan.json names it: the one convert planned, sif/KEY.sif
+    inside the output directory, its source one line; anything else in a plan.json that was edited
+    or planted is refused, so no value sends the job to a file outside it."""
     name, key = service.get("name"), service.get("image")
     image = (plan.get("images") or {}).get(key) if isinstance(key, str) else None
     where = f"{os.path.join(out_dir, 'plan.json')}: services.{name}.image"
@@ -71,7 +69,7 @@ def _image(plan: dict, out_dir: str, service: dict) -> Tuple[str, str]:
             or _CONTROL.search(ref):
         raise ComposeError(f"{where}: image {key!r} (sif {sif!r}, source {ref!r}) is not one convert plans "
                            "(sif/KEY.sif in the output directory, a one-line source): convert again")
-    return os.path.join(out_dir, sif), ref
+    return os.path.join(out_dir, sif)
 
 
 def _server_adapter(service: dict) -> Optional[adapters.Adapter]:
@@ -235,7 +233,7 @@ def render(plan: dict, out_dir: str, names: List[str], options: BatchOptions) ->
         raise ComposeError(f"--nodes {nodes}: service {ray['name']} needs {spanning[0][1]} nodes of {gpus} GPUs")
 
     # every SIF the job uses, present now (and checked again in the job's first lines)
-    sifs = sorted({_image(plan, out_dir, by_name[n])[0] for n in chosen})
+    sifs = sorted({_sif(plan, out_dir, by_name[n]) for n in chosen})
     missing = [s for s in sifs if not os.path.exists(s)]
     if missing:
         raise ComposeError(f"{missing[0]} is missing: run {os.path.join(out_dir, 'run.sh')} build first "
@@ -347,7 +345,7 @@ def render(plan: dict, out_dir: str, names: List[str], options: BatchOptions) ->
         f"elapse_s={_seconds(options.elapse)}",
         f"stop_lead={stop_lead}  # seconds before the time limit the job stops itself",
         f"ray_service={q(ray['name']) if ray else ''}",
-        f"ray_sif={q(_image(plan, out_dir, ray)[0]) if ray else ''}",
+        f"ray_sif={q(_sif(plan, out_dir, ray)) if ray else ''}",
         f"ray_env={q(os.path.join(out_dir, 'env', ray['name'])) if ray else ''}",
         f"ray_instance={q(ray['instance']) if ray else ''}  # where the service's Ray driver runs",
         f"ray_binds=({' '.join(q(b) for b in ray_binds)})",
