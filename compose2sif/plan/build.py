@@ -252,7 +252,7 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
             if name in tls_ports and port == adapter.tls_port:
                 how = "tls"
             ports.append(PortPlan(port, endpoint.host, endpoint.address, endpoint.published, how,
-                                  endpoint.evidence, endpoint.required))
+                                  endpoint.evidence, endpoint.required, endpoint.forward))
         plans.append(ServicePlan(
             name=name, instance=_instance_name(project.name, service), image=found.image_of[name], level=levels[name],
             oneshot=name in waited_on, address=network.address[name], names=found.names[name], ports=ports,
