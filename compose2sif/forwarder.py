@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-from typing import Optional
+from typing import List, Optional
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "intercept")
 SOURCE = os.path.join(HERE, "forward.c")
@@ -37,14 +37,24 @@ def build(output: str) -> bool:
     return False
 
 
+def fresh() -> bool:
+    """Whether a forwarder built beforehand is there, and built from the source as it is now."""
+    return os.path.isfile(PREBUILT) and os.path.getmtime(PREBUILT) >= os.path.getmtime(SOURCE)
+
+
+_compiled: List[bytes] = []  # built once per process
+
+
 def binary() -> Optional[bytes]:
     """The forwarder's bytes, or None where it is neither built nor buildable here."""
-    if os.path.isfile(PREBUILT) and os.path.getmtime(PREBUILT) >= os.path.getmtime(SOURCE):
+    if fresh():
         with open(PREBUILT, "rb") as fh:
             return fh.read()
-    with tempfile.TemporaryDirectory(prefix="c2s-forward-") as tmp:
-        output = os.path.join(tmp, "c2s-forward")
-        if not build(output):
-            return None
-        with open(output, "rb") as fh:
-            return fh.read()
+    if not _compiled:
+        with tempfile.TemporaryDirectory(prefix="c2s-forward-") as tmp:
+            output = os.path.join(tmp, "c2s-forward")
+            if not build(output):
+                return None
+            with open(output, "rb") as fh:
+                _compiled.append(fh.read())
+    return _compiled[0]

@@ -353,7 +353,12 @@ def _fakeroot(service: Service, adapter: Optional[Adapter]) -> Optional[Dict[str
 
 def _entry_points(plans: List[ServicePlan], adapters: Dict[str, Optional[Adapter]]) -> List[Dict[str, Any]]:
     """The published endpoints of web fronts, which `up` points people at."""
-    return [{"service": p.name, "address": port.address, "port": port.host,
+    def published(port: PortPlan) -> Tuple[str, int]:  # a forwarder's, where one publishes it
+        if port.forward:
+            address, number = port.forward.rsplit(":", 1)
+            return address, int(number)
+        return port.address, port.host
+    return [{"service": p.name, "address": published(port)[0], "port": published(port)[1],
              "scheme": "https" if port.how == "tls" else "http", "path": adapters[p.name].entry_path}
             for p in plans if adapters[p.name] is not None and adapters[p.name].entry_path
             for port in p.ports if port.published and (port.container == adapters[p.name].entry_port

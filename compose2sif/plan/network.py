@@ -292,11 +292,15 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
         record(s, listen, where, new)
         if all(e in OPTIONAL_EVIDENCE for e in listen.evidence):
             continue  # a port only the image's defaults name: nothing to tell the user yet
-        warnings.append(f"service {s.name!r}: {'published ' if listen.published is not None else ''}port {why}; "
+        direct = listen.published is not None and not forwarded(listen)
+        warnings.append(f"service {s.name!r}: {'published ' if direct else ''}port {why}; "
                         f"its port {listen.port} is served on {where}:{new}, told through {listen.knob.describe()}")
 
     for (name, port), at in forwards.items():
         endpoints[name][port].forward = at
+        if at.rsplit(":", 1)[0] in WILDCARDS:
+            warnings.append(f"service {name!r} is published on all interfaces: {at} (published in the compose file; "
+                            f"a forwarder to its port {port})")
     for s in services:
         for endpoint in endpoints[s.name].values():
             if endpoint.address in WILDCARDS:
