@@ -262,3 +262,12 @@ def test_a_listener_on_another_services_endpoint_names_that_service(project, por
     who = bash(tmp_path, f'listed_instances() {{ echo "$(load_service bare; echo "$S_INSTANCE") {init}"; }}; '
                          f'load_service local && describe_holder {os.getuid()} {inode} && echo "$HOLDER"')
     assert who.stdout.startswith("service bare of this project (pid "), who.stdout + who.stderr
+
+
+def test_doctor_shows_what_up_found_and_checks_the_forwarders_endpoint(project, ports):
+    from compose2sif.doctor import plan_lines
+    tmp_path, _ = project
+    (tmp_path / "out" / "state" / "run" / "web.truth").write_text("listens on all interfaces (0.0.0.0:8000), ...\n")
+    lines = plan_lines(str(tmp_path / "out"))
+    assert ("warn", "service web at run time: listens on all interfaces (0.0.0.0:8000), ...") in lines
+    assert ("ok", f"service web: published 0.0.0.0:{ports[0]} is free") in lines
