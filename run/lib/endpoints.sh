@@ -162,25 +162,26 @@ explain_address_in_use() {
 # socket descriptors (/proc/PID/fd) matched with /proc/net/tcp{,6}.
 LISTENING=()
 service_listeners() {
-    local dirs=()
+    local dirs=() inodes
     LISTENING=()
     [ -n "$IPID" ] || return 0
-    mapfile -t dirs < <(awk -v root="$IPID" '
-        FNR == 1 { line = $0; sub(/.*\) /, "", line); split(line, f, " "); parent[FILENAME] = f[2] }
+    # (cat, not awk, reads /proc/*/stat: a process that ends meanwhile would stop mawk)
+    mapfile -t dirs < <(cat /proc/[0-9]*/stat 2>/dev/null | awk -v root="$IPID" '
+        { line = $0; sub(/.*\) /, "", line); split(line, f, " "); kids[f[2]] = kids[f[2]] " " $1 }
         END {
-            for (file in parent) { pid = file; sub(/^\/proc\//, "", pid); sub(/\/stat$/, "", pid); kids[parent[file]] = kids[parent[file]] " " pid }
             queue[1] = root; n = 1
             for (i = 1; i <= n; i++) {
                 print "/proc/" queue[i] "/fd"
                 m = split(kids[queue[i]], k, " ")
                 for (j = 1; j <= m; j++) queue[++n] = k[j]
             }
-        }' /proc/[0-9]*/stat 2>/dev/null)
-    mapfile -t LISTENING < <(find "${dirs[@]}" -maxdepth 1 -lname 'socket:\[*' -printf '%l\n' 2>/dev/null |
-        awk "$TCP_AWK"'
-            FILENAME == "-" { gsub(/[^0-9]/, ""); mine[$0] = 1; next }
-            $4 == "0A" && ($10 in mine) { split($2, parts, ":"); e = address(parts[1]) ":" hex(parts[2]); if (!(e in seen)) { seen[e] = 1; print e } }
-        ' - /proc/net/tcp /proc/net/tcp6 2>/dev/null)
+        }')
+    inodes=$(find "${dirs[@]}" -maxdepth 1 -lname 'socket:\[*' -printf '%l ' 2>/dev/null)
+    [ -n "$inodes" ] || return 0
+    mapfile -t LISTENING < <(awk -v inodes="$inodes" "$TCP_AWK"'
+        BEGIN { n = split(inodes, s, " "); for (i = 1; i <= n; i++) { gsub(/[^0-9]/, "", s[i]); mine[s[i]] = 1 } }
+        $4 == "0A" && ($10 in mine) { split($2, parts, ":"); e = address(parts[1]) ":" hex(parts[2]); if (!(e in seen)) { seen[e] = 1; print e } }
+        ' /proc/net/tcp /proc/net/tcp6 2>/dev/null)
 }
 
 # Whether listener $1 (ADDR:PORT) serves endpoint $2: the same port, and the same address or a
