@@ -21,6 +21,9 @@ SERVER = ("import os, http.server as h; h.HTTPServer((os.environ['BIND'], int(os
 # a stand-in server that listens on all addresses whatever it is told (its own LISTEN_ON, not BIND)
 STUBBORN_SERVER = ("import os, socket, time; s = socket.socket(); s.bind((os.environ['LISTEN_ON'], "
                    "int(os.environ['PORT']))); s.listen(); print('listening', flush=True); time.sleep(600)")
+# the client service's healthcheck: the published port through host.docker.internal and localhost
+PROBE = ("import urllib.request as u; "
+         f"[u.urlopen(f'http://{{h}}:{PUBLISHED}/', timeout=2) for h in ('host.docker.internal', 'localhost')]")
 # a client on the node (the node's Python): the HTTP status of a GET
 CLIENT = "import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=5).status)"
 
@@ -38,6 +41,14 @@ services:
     environment: {{BIND: 0.0.0.0, PORT: "{CONTAINER}"}}
     ports: ["{PUBLISHED}:{CONTAINER}"]
     x-compose2sif: {{ports: {{"{CONTAINER}": {{env: PORT}}}}, bind_address: {{env: BIND}}}}
+  client:                   # a client in another instance that uses the published port, as under Docker
+    image: c2s/python:test
+    command: [python3, -c, "import time; time.sleep(600)"]
+    healthcheck:
+      test: [CMD, python3, -c, "{PROBE}"]
+      interval: 1s
+      retries: 20
+    depends_on: [web]
   stubborn:
     image: c2s/python:test
     command: [python3, -c, "{STUBBORN_SERVER}"]
@@ -67,6 +78,8 @@ def test_a_published_port_answers_on_the_node_through_its_forwarder_until_down(b
     for url in (f"http://localhost:{PUBLISHED}/", f"http://127.0.0.1:{PUBLISHED}/", f"http://{own}:{CONTAINER}/"):
         got = node.run(f"python3 -c '{CLIENT}' {url}")
         assert got.stdout.strip() == "200", (url, got.stdout + got.stderr)
+    rows = {r["service"]: r for r in json.loads(node.run(f"cd ~ && {OUT}/run.sh ps --format json", check=True).stdout)}
+    assert rows["client"]["health"] == "healthy", rows["client"]  # host.docker.internal:P and localhost:P inside
     running = forwarders(node)
     assert len(running) == 1 and f"0.0.0.0:{PUBLISHED} {own}:{CONTAINER}" in running[0], running
     ps = node.run(f"cd ~ && {OUT}/run.sh ps", check=True)
