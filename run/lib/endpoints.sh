@@ -196,7 +196,8 @@ serves() {
 # RUNDIR/NAME.truth (none: removed), which `up` prints and `ps` and `doctor` show:
 #  - a listener on 0.0.0.0 or :: where the plan has none (not published there): other users of
 #    the node reach it, and it holds the port on every address;
-#  - a listener on an endpoint another service of this project is planned on (or forwards from);
+#  - a listener on an endpoint another service of this project needs (or forwards from; an
+#    image's EXPOSE port may never be opened: that service's own failure names the holder);
 #  - a planned endpoint it needs that nothing of it serves (a required one, or one a forwarder
 #    relays to), with what it listens on instead and who holds the endpoint, if anyone.
 record_truth() {
@@ -212,7 +213,7 @@ record_truth() {
     for name in "${SERVICES[@]}"; do
         [ "$name" = "$me" ] && continue
         load_service "$name"
-        for e in "${S_ENDPOINTS[@]}"; do theirs+=("${e%\?} $name"); done
+        for e in "${S_ENDPOINTS[@]}"; do [ "${e%\?}" = "$e" ] && theirs+=("$e $name"); done
         for ((i = 0; i < ${#S_FORWARDS[@]}; i += 2)); do theirs+=("${S_FORWARDS[i]} $name"); done
     done
     load_service "$me"
