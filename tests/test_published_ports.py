@@ -271,3 +271,9 @@ def test_doctor_shows_what_up_found_and_checks_the_forwarders_endpoint(project, 
     lines = plan_lines(str(tmp_path / "out"))
     assert ("warn", "service web at run time: listens on all interfaces (0.0.0.0:8000), ...") in lines
     assert ("ok", f"service web: published 0.0.0.0:{ports[0]} is free") in lines
+
+
+def test_a_running_forwarder_of_this_output_dir_is_not_in_the_way_of_converting_again(converted, ports, tmp_path):
+    from compose2sif.convert import _previous_endpoints
+    assert ("0.0.0.0", ports[0]) in _previous_endpoints(str(converted))
+    assert ("127.0.0.1", ports[3]) in _previous_endpoints(str(converted))
