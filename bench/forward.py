@@ -98,10 +98,7 @@ def round_trips(port, pings):
     with connect(port) as c:
         for _ in range(pings):
             start = time.perf_counter()
-            c.sendall(message)
-            got = 0
-            while got < MESSAGE:
-                got += len(c.recv(MESSAGE - got))
+            exchange(c, message)
             times.append(time.perf_counter() - start)
     return times
 
@@ -111,12 +108,17 @@ def connections(port, count):
     for _ in range(count):
         start = time.perf_counter()
         with connect(port) as c:
-            c.sendall(message)
-            got = 0
-            while got < MESSAGE:
-                got += len(c.recv(MESSAGE - got))
+            exchange(c, message)
         times.append(time.perf_counter() - start)
     return times
+
+
+def exchange(c, message):
+    """One request and its echoed reply."""
+    c.sendall(message)
+    got = 0
+    while got < MESSAGE:
+        got += len(c.recv(MESSAGE - got))
 
 
 def percentile(times, p):
