@@ -220,3 +220,36 @@ def test_an_exposed_port_never_refuses_or_moves_and_is_not_needed(tmp_path):
         """, image_configs={"example.org/web:1": ImageConfig(exposed=[8000])})
     for service in plan.services:
         assert [(p.container, p.host, p.required) for p in service.ports] == [(8000, 8000, False)], service.name
+
+
+# ---- profiles, selected as Docker Compose selects them: `config` equal to the oracle on each form ----
+
+from oracle import base_env, differences, oracle_mark, run_oracle, run_ours  # noqa: E402
+
+import pytest  # noqa: E402
+
+PROFILES_COMPOSE = """
+services:
+  always: {image: example.org/app:1}
+  empty-or-gpu: {image: example.org/app:1, profiles: ["", gpu]}
+  gpu-only: {image: example.org/app:1, profiles: [gpu]}
+  needs-empty: {image: example.org/app:1, profiles: [""], depends_on: [empty-or-gpu]}
+"""
+# (global flags, COMPOSE_PROFILES or None): no profile asked for, an empty COMPOSE_PROFILES, one with
+# a trailing comma, `--profile ''`, a named profile alone, one nobody has, and every profile
+PROFILE_FORMS = [([], None), ([], ""), ([], "gpu,"), ([], "gpu"), (["--profile", ""], None),
+                 (["--profile", "gpu"], None), (["--profile", "other"], None), (["--profile", "*"], None),
+                 (["--profile", ""], "other")]
+
+
+@oracle_mark()
+@pytest.mark.parametrize("flags,variable", PROFILE_FORMS, ids=[f"{' '.join(f) or 'none'}-{v!r}" for f, v in PROFILE_FORMS])
+def test_profiles_select_the_services_docker_compose_selects(tmp_path, flags, variable):
+    (tmp_path / "compose.yaml").write_text(PROFILES_COMPOSE)
+    env = base_env({} if variable is None else {"COMPOSE_PROFILES": variable})
+    rc, theirs, err = run_oracle(flags, tmp_path, env)
+    mine, ours, my_err = run_ours(flags, tmp_path, env)
+    assert rc == 0, err
+    assert mine == 0, f"the oracle accepts it ({sorted(theirs['services'])}); compose2sif: {my_err}"
+    assert sorted(ours["services"]) == sorted(theirs["services"])  # needs-empty's depends_on holds
+    assert not differences(ours, theirs), "\n".join(differences(ours, theirs))
