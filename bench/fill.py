@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "e2e"))
-from testbed import Node, provision, registry  # noqa: E402
+from testbed import Node, provision, registry, taken  # noqa: E402
 
 MAKE_TREE = """
 import os, random, sys
@@ -47,21 +47,25 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--files", type=int, default=50000)
     args = parser.parse_args()
-    info = provision()
-    with registry(info):
-        node = Node(Path(info["NODE"]), info["REGISTRY_PORT"], info["HPC_UID"])
-        node.run("cd ~ && rm -rf fillbench && mkdir fillbench && cd fillbench && "
-                 f"apptainer build --sandbox sb docker://{node.registry}/c2s/python:test >build.log 2>&1 && "
-                 f"python3 -c '{MAKE_TREE}' sb/bench/tree {args.files} && "
-                 "apptainer build bench.sif sb >>build.log 2>&1 && cp -a sb/bench/tree tree", check=True, timeout=1800)
-        fresh = "rm -rf d && mkdir d"
-        cp = [timed(node, fresh, "cp -a tree/. d/") for _ in range(3)]
-        fill = [timed(node, fresh, FILL) for _ in range(3)]
-        bare = [timed(node, "true", "apptainer exec --contain bench.sif true") for _ in range(3)]
-        count = node.run("cd ~/fillbench && find d -type f | wc -l", check=True).stdout.strip()
-        node.run("rm -rf ~/fillbench")
+    with taken():
+        info = provision()
+        with registry(info):
+            measure(Node(Path(info["NODE"]), info["REGISTRY_PORT"], info["HPC_UID"]), args.files)
+
+
+def measure(node: Node, files: int) -> None:
+    node.run("cd ~ && rm -rf fillbench && mkdir fillbench && cd fillbench && "
+             f"apptainer build --sandbox sb docker://{node.registry}/c2s/python:test >build.log 2>&1 && "
+             f"python3 -c '{MAKE_TREE}' sb/bench/tree {files} && "
+             "apptainer build bench.sif sb >>build.log 2>&1 && cp -a sb/bench/tree tree", check=True, timeout=1800)
+    fresh = "rm -rf d && mkdir d"
+    cp = [timed(node, fresh, "cp -a tree/. d/") for _ in range(3)]
+    fill = [timed(node, fresh, FILL) for _ in range(3)]
+    bare = [timed(node, "true", "apptainer exec --contain bench.sif true") for _ in range(3)]
+    count = node.run("cd ~/fillbench && find d -type f | wc -l", check=True).stdout.strip()
+    node.run("rm -rf ~/fillbench")
     c, f, e = statistics.median(cp), statistics.median(fill), statistics.median(bare)
-    print(f"files {args.files} (filled: {count})")
+    print(f"files {files} (filled: {count})")
     print(f"cp    {c:.2f} s")
     print(f"fill  {f:.2f} s  ({f / c:.2f} x cp)")
     print(f"exec  {e:.2f} s  (bare runtime start)")

@@ -1,6 +1,7 @@
 """Volumes and host files as under Docker, on real rootless Apptainer as the unprivileged user:
 named and anonymous volumes filled from the image, a bind below an anonymous volume, /etc/localtime
-and the Docker socket, what lives across down/up, and a host path nobody can create."""
+and the Docker socket, what lives across down/up, a host path nobody can create, a database image's
+VOLUME across restart, and an image's EXPOSE port that another service really holds."""
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -22,7 +23,8 @@ def test_volumes_are_filled_ordered_and_kept_as_under_docker(node):
         # the anonymous volume holds the image's code, and the bind below it is not hidden
         code = exec_in("app", f"test -s {REDIS}/__init__.py && cat {REDIS}/extra/marker")
         assert code.returncode == 0 and code.stdout.strip() == "bound below", code.stdout + code.stderr
-        # the named volume was filled from app's image, and the second service reads it
+        # the named volume was filled from app's image, and the second service (its profiles ["", ...]
+        # active with no profile asked for) reads it
         read = exec_in("reader", "test -s /mnt/psycopg2/__init__.py && echo ok")
         assert read.stdout.strip() == "ok", read.stdout + read.stderr
         zone = exec_in("app", "test -e /etc/localtime && echo ok; test -e /var/run/docker.sock || echo no-socket")
@@ -82,7 +84,7 @@ def test_an_exposed_port_that_is_another_services_real_port_blocks_nothing(node)
         proc = node.c2s(f"-f volumes-stack/compose.expose.yaml up -d --registry-mirror {node.registry} -o {out}",
                         timeout=900)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        for _ in range(2):  # the web server holds 8000 now: the worker restarts all the same
+        for _ in range(2):  # the web server holds 8000, the worker's EXPOSE: it restarts all the same
             restart = node.run(f"cd ~ && {out}/run.sh restart worker", timeout=300)
             assert restart.returncode == 0, restart.stdout + restart.stderr
         assert node.run(f"cd ~ && {out}/run.sh ps", timeout=60).stdout.count("running") >= 2
