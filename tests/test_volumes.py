@@ -105,6 +105,26 @@ def test_host_paths_outside_the_project_are_checked_and_missing_ones_warned_abou
     assert not any("/etc/localtime" in w for w in plan.warnings)
 
 
+def test_mount_options_without_effect_are_named_never_dropped_silently(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          app:
+            image: example.org/app:1
+            volumes:
+              - ./x:/x:z
+              - {type: bind, source: ./y, target: /y, read_only: true, bind: {propagation: rshared}}
+              - {type: tmpfs, target: /t, tmpfs: {size: 1000}}
+              - {type: volume, source: v, target: /v, volume: {nocopy: true}}
+        volumes: {v: {driver_opts: {type: nfs}}}
+        """)
+    said = [w for w in plan.warnings if "ignored" in w]
+    assert any("/x: bind.selinux ignored" in w for w in said), said
+    assert any("/y: bind.propagation ignored" in w for w in said), said
+    assert any("/t: tmpfs.size ignored" in w for w in said), said
+    assert any("'v': driver_opts (type) are ignored" in w for w in said), said
+    assert not any("/v:" in w for w in said), said  # nocopy is done, not ignored
+
+
 def test_the_docker_socket_in_each_form_is_warned_about_and_never_created(tmp_path):
     plan = plan_for(tmp_path, """
         services:
