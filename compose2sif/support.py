@@ -163,7 +163,7 @@ VOLUME_FORMS: Dict[str, str] = {
     "`tmpfs` / `type: tmpfs`": "a private directory of the service, emptied at each start; `tmpfs.size` and "
     "`tmpfs.mode` are ignored (warning)",
     "`:ro` / `read_only: true`": "bound read-only",
-    "`:z`, `:Z`, `bind.selinux`, `bind.propagation`, `consistency` (`:cached`, `:delegated`)": "no effect under "
+    "`:z`, `:Z`, `bind.selinux`, `bind.propagation`, `consistency`": "no effect under "
     "Apptainer: ignored, named in a warning",
     "volume `driver_opts` (an NFS or bind-mounted device volume)": "ignored (warning): the volume is its "
     "directory `state/volumes/NAME`",
