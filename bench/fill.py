@@ -5,7 +5,9 @@ tests/e2e/provision.sh). Run it under the e2e lock, as the e2e tests are:
     flock /tmp/c2s-e2e.lock python3 bench/fill.py [--files 50000]
 
 A SIF is made from the test bed's Python image with a tree of small files (100 to 1000 bytes, 100
-a directory) at /bench/tree. Timed on the node, median of 3, each into a new empty directory:
+a directory) at /bench/tree. Timed on the node in rounds, each way once a round, each into a new
+empty directory after a `sync` (so the writeback of the one before is not counted in it); the
+medians, and the median of each round's ratio to cp, are printed:
   cp       `cp -a` of the tree from a directory on disk (its pages cached) to another;
   fill     run.sh's own fill_volume (sourced from run/lib), as a start runs it: unsquashfs reads
            the tree out of the SIF's squashfs partition beside the volume, then it is moved in;
@@ -66,18 +68,22 @@ def measure(node: Node, files: int, runs: int) -> None:
              f"apptainer build --sandbox sb docker://{node.registry}/c2s/python:test >build.log 2>&1 && "
              f"python3 -c '{MAKE_TREE}' sb/bench/tree {files} && "
              "apptainer build bench.sif sb >>build.log 2>&1 && cp -a sb/bench/tree tree", check=True, timeout=1800)
-    fresh = "rm -rf d && mkdir d"
-    times = {"cp": [timed(node, fresh, "cp -a tree/. d/") for _ in range(runs)]}
-    times["fill"] = [timed(node, fresh, FILL) for _ in range(runs)]
-    node.run(f"cd ~/fillbench && {SAME}", check=True)  # the fill made the same tree
-    times["runtime"] = [timed(node, fresh, RUNTIME) for _ in range(runs)]
+    fresh = "rm -rf d && mkdir d && sync"
+    ways = {"cp": "cp -a tree/. d/", "fill": FILL, "runtime": RUNTIME}
+    times = {name: [] for name in ways}
+    for round_ in range(runs):
+        for name, command in ways.items():
+            times[name].append(timed(node, fresh, command))
+            if name == "fill" and round_ == 0:
+                node.run(f"cd ~/fillbench && {SAME}", check=True)  # the fill made the same tree
     times["exec"] = [timed(node, "true", "apptainer exec --contain bench.sif true") for _ in range(runs)]
     node.run("rm -rf ~/fillbench")
-    cp = statistics.median(times["cp"])
-    print(f"files {files}, median of {runs}")
+    cp = times["cp"]
+    print(f"files {files}, {runs} rounds")
     for name, values in times.items():
-        median = statistics.median(values)
-        print(f"{name:8} {median:7.2f} s  ({median / cp:.2f} x cp)  runs: {', '.join(f'{v:.2f}' for v in values)}")
+        ratios = statistics.median(v / c for v, c in zip(values, cp))
+        print(f"{name:8} median {statistics.median(values):7.2f} s  ({ratios:.2f} x cp, median of the rounds' ratios)"
+              f"  runs: {', '.join(f'{v:.2f}' for v in values)}")
 
 
 if __name__ == "__main__":
