@@ -27,6 +27,12 @@ def test_volumes_are_filled_ordered_and_kept_as_under_docker(node):
         # active with no profile asked for) reads it
         read = exec_in("reader", "test -s /mnt/psycopg2/__init__.py && echo ok")
         assert read.stdout.strip() == "ok", read.stdout + read.stderr
+        # ... as the image has it (reader's own image shows the original): modes, times, sizes, links
+        listing = "find . -printf \"%p %m %T@ %s %l\\n\" | sort"
+        filled = exec_in("reader", f"cd /mnt/psycopg2 && {listing}")
+        original = exec_in("reader", f"cd /usr/lib/python3/dist-packages/psycopg2 && {listing}")
+        assert filled.returncode == 0 and len(filled.stdout.splitlines()) > 5, filled.stdout + filled.stderr
+        assert filled.stdout == original.stdout, filled.stdout + original.stdout
         zone = exec_in("app", "test -e /etc/localtime && echo ok; test -e /var/run/docker.sock || echo no-socket")
         assert zone.stdout.split() == ["ok", "no-socket"], zone.stdout + zone.stderr
         # a change in the named volume survives down/up; the anonymous volume is fresh after it
