@@ -273,3 +273,76 @@ def test_profiles_select_the_services_docker_compose_selects(tmp_path, flags, va
     assert mine == 0, f"the oracle accepts it ({sorted(theirs['services'])}); compose2sif: {my_err}"
     assert sorted(ours["services"]) == sorted(theirs["services"])  # needs-empty's depends_on holds
     assert not differences(ours, theirs), "\n".join(differences(ours, theirs))
+
+
+# ---- fill_volume's fast way, sourced from run/lib: a real unsquashfs on a real squashfs partition ----
+
+import shutil  # noqa: E402
+
+SIF_LIST_STANDIN = """#!/bin/sh
+# STAND-IN for apptainer, for this test only: `sif list` answers as Apptainer 1.4 prints it, the
+# squashfs partition at byte 8192; any other call (the runtime's copy) fails, so what fills the
+# volume can only be unsquashfs.
+if [ "$1 $2" = "sif list" ]; then
+    echo '------------------------------------------------------------------------------'
+    echo 'ID   |GROUP   |LINK    |SIF POSITION (start-end)  |TYPE'
+    echo '------------------------------------------------------------------------------'
+    echo '1    |1       |NONE    |4096-4200                 |Def.FILE'
+    echo '4    |1       |NONE    |8192-999999               |FS (Squashfs/*System/amd64)'
+    exit 0
+fi
+echo "FATAL: stand-in: no runtime here" >&2
+exit 1
+"""
+
+
+def tree_of(root):
+    return sorted((str(p.relative_to(root)), oct(p.lstat().st_mode), int(p.lstat().st_mtime),
+                   os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else b"")
+                  for p in [root, *root.rglob("*")] if p != root) + [("", oct(root.stat().st_mode),
+                                                                       int(root.stat().st_mtime), b"")]
+
+
+@pytest.mark.skipif(not (shutil.which("mksquashfs") and shutil.which("unsquashfs")),
+                    reason="squashfs-tools is not installed")
+def test_an_empty_volume_is_filled_straight_out_of_the_sif(tmp_path):
+    image = tmp_path / "image"
+    app = image / "srv" / "app"
+    (app / "sub").mkdir(parents=True)
+    (app / "a.txt").write_text("a\n")
+    (app / "sub" / "run").write_text("#!/bin/sh\n")
+    os.chmod(app / "a.txt", 0o640)
+    os.chmod(app / "sub" / "run", 0o755)
+    os.symlink("a.txt", app / "link")
+    os.symlink("app", image / "srv" / "through-link")
+    for path in (app / "a.txt", app / "sub" / "run", app / "sub", app):
+        os.utime(path, (1_000_000_000, 1_000_000_000))
+    os.chmod(app, 0o555)  # a read-only directory: its entries still move out
+    subprocess.run(["mksquashfs", str(image), str(tmp_path / "fs"), "-noappend", "-quiet", "-no-progress"],
+                   check=True, capture_output=True)
+    (tmp_path / "x.sif").write_bytes(b"\0" * 8192 + (tmp_path / "fs").read_bytes())
+    runtime = tmp_path / "standin-apptainer"
+    runtime.write_text(SIF_LIST_STANDIN)
+    runtime.chmod(0o755)
+    volumes = tmp_path / "volumes"
+    for name in ("empty", "full", "linked"):
+        (volumes / name).mkdir(parents=True)
+    (volumes / "full" / "mine").write_text("kept\n")
+    fill = lambda volume, target: subprocess.run(  # noqa: E731
+        ["bash", "-c", '. "$0/run/lib/core.sh" && . "$0/run/lib/start.sh" && fill_volume "$1" "$2"', str(REPO),
+         str(volumes / volume), target], capture_output=True, text=True, timeout=60,
+        env={"PATH": os.environ["PATH"], "RT": str(runtime), "S_SIF": str(tmp_path / "x.sif"), "RUNDIR": str(tmp_path)})
+    try:
+        done = fill("empty", "/srv/app")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert tree_of(volumes / "empty") == tree_of(app)
+        assert fill("full", "/srv/app").returncode == 0 and os.listdir(volumes / "full") == ["mine"]
+        # a link on the way to the target: unsquashfs cannot, the runtime's copy is asked (and fails here)
+        failed = fill("linked", "/srv/through-link")
+        assert failed.returncode != 0 and "could not fill volume" in failed.stdout, failed.stdout + failed.stderr
+        assert os.listdir(volumes / "linked") == []
+        assert sorted(os.listdir(volumes)) == ["empty", "full", "linked"]  # nothing left beside them
+    finally:
+        for path in (app, volumes / "empty"):
+            if path.exists():
+                path.chmod(0o755)
