@@ -148,7 +148,9 @@ unsquash_into() {
     [ -n "$offset" ] && [ "$offset" -gt 0 ] || return 1
     tmp=$(mktemp -d "$(dirname -- "$dir")/.c2s-fill.XXXXXX") || return 1
     src="$tmp/root$target"
-    if unsquashfs -n -no-xattrs -o "$offset" -d "$tmp/root" "$S_SIF" "$target" >/dev/null 2>&1 &&
+    # (umask 0: a user's unsquashfs creates files through the umask, run.sh's 077 among them; the
+    # image's modes are what the volume gets, as the runtime's `cp -a` keeps them)
+    if (umask 0 && unsquashfs -n -no-xattrs -o "$offset" -d "$tmp/root" "$S_SIF" "$target") >/dev/null 2>&1 &&
         [ -d "$src" ] && [ ! -L "$src" ]; then
         mode=$(stat -c %a -- "$src") stamp=$(stat -c %Y -- "$src")
         chmod u+w -- "$src" &&

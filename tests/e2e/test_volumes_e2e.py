@@ -27,8 +27,8 @@ def test_volumes_are_filled_ordered_and_kept_as_under_docker(node):
         # active with no profile asked for) reads it
         read = exec_in("reader", "test -s /mnt/psycopg2/__init__.py && echo ok")
         assert read.stdout.strip() == "ok", read.stdout + read.stderr
-        # ... as the image has it (reader's own image shows the original): modes, times, sizes, links
-        listing = "find . -printf \"%p %m %T@ %s %l\\n\" | sort"
+        # ... as the image has it (reader's own image shows the original): modes, times, contents, links
+        listing = "find . -printf \"%p %y %m %T@ %l\\n\" | sort; find . -type f -exec md5sum {} + | sort"
         filled = exec_in("reader", f"cd /mnt/psycopg2 && {listing}")
         original = exec_in("reader", f"cd /usr/lib/python3/dist-packages/psycopg2 && {listing}")
         assert filled.returncode == 0 and len(filled.stdout.splitlines()) > 5, filled.stdout + filled.stderr
