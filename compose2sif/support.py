@@ -164,7 +164,14 @@ VOLUME_FORMS: Dict[str, str] = {
     "socket exists at `up`, never created; the service starts",
     "nested mounts": "mounted parents first (by depth, as Docker), the project's own scratch directories "
     "included; a child's missing mount point is created in its parent's source, as Docker does",
-    "`tmpfs` / `type: tmpfs`": "a private directory of the service, emptied at each start",
+    "`tmpfs` / `type: tmpfs`": "a private directory of the service, emptied at each start; `tmpfs.size` and "
+    "`tmpfs.mode` are ignored (warning)",
+    "`:ro` / `read_only: true`": "bound read-only",
+    "`:z`, `:Z`, `bind.selinux`, `bind.propagation`, `consistency`": "no effect under "
+    "Apptainer: ignored, named in a warning",
+    "volume `driver_opts` (an NFS or bind-mounted device volume)": "ignored (warning): the volume is its "
+    "directory `state/volumes/NAME`",
+    "`type: image`, `type: npipe`, `type: cluster`": "not supported: skipped, named in a warning",
 }
 
 TOP_LEVEL_KEYS = ("version", "name", "include", "services", "networks", "volumes", "secrets",

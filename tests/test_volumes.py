@@ -105,6 +105,26 @@ def test_host_paths_outside_the_project_are_checked_and_missing_ones_warned_abou
     assert not any("/etc/localtime" in w for w in plan.warnings)
 
 
+def test_mount_options_without_effect_are_named_never_dropped_silently(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          app:
+            image: example.org/app:1
+            volumes:
+              - ./x:/x:z
+              - {type: bind, source: ./y, target: /y, read_only: true, bind: {propagation: rshared}}
+              - {type: tmpfs, target: /t, tmpfs: {size: 1000}}
+              - {type: volume, source: v, target: /v, volume: {nocopy: true}}
+        volumes: {v: {driver_opts: {type: nfs}}}
+        """)
+    said = [w for w in plan.warnings if "ignored" in w]
+    assert any("/x: bind.selinux ignored" in w for w in said), said
+    assert any("/y: bind.propagation ignored" in w for w in said), said
+    assert any("/t: tmpfs.size ignored" in w for w in said), said
+    assert any("'v': driver_opts (type) are ignored" in w for w in said), said
+    assert not any("/v:" in w for w in said), said  # nocopy is done, not ignored
+
+
 def test_the_docker_socket_in_each_form_is_warned_about_and_never_created(tmp_path):
     plan = plan_for(tmp_path, """
         services:
@@ -220,3 +240,109 @@ def test_an_exposed_port_never_refuses_or_moves_and_is_not_needed(tmp_path):
         """, image_configs={"example.org/web:1": ImageConfig(exposed=[8000])})
     for service in plan.services:
         assert [(p.container, p.host, p.required) for p in service.ports] == [(8000, 8000, False)], service.name
+
+
+# ---- profiles, selected as Docker Compose selects them: `config` equal to the oracle on each form ----
+
+from oracle import base_env, differences, oracle_mark, run_oracle, run_ours  # noqa: E402
+
+import pytest  # noqa: E402
+
+PROFILES_COMPOSE = """
+services:
+  always: {image: example.org/app:1}
+  empty-or-gpu: {image: example.org/app:1, profiles: ["", gpu]}
+  gpu-only: {image: example.org/app:1, profiles: [gpu]}
+  needs-empty: {image: example.org/app:1, profiles: [""], depends_on: [empty-or-gpu]}
+"""
+# (global flags, COMPOSE_PROFILES or None): no profile asked for, an empty COMPOSE_PROFILES, one with
+# a trailing comma, `--profile ''`, a named profile alone, one nobody has, and every profile
+PROFILE_FORMS = [([], None), ([], ""), ([], "gpu,"), ([], "gpu"), (["--profile", ""], None),
+                 (["--profile", "gpu"], None), (["--profile", "other"], None), (["--profile", "*"], None),
+                 (["--profile", ""], "other")]
+
+
+@oracle_mark()
+@pytest.mark.parametrize("flags,variable", PROFILE_FORMS, ids=[f"{' '.join(f) or 'none'}-{v!r}" for f, v in PROFILE_FORMS])
+def test_profiles_select_the_services_docker_compose_selects(tmp_path, flags, variable):
+    (tmp_path / "compose.yaml").write_text(PROFILES_COMPOSE)
+    env = base_env({} if variable is None else {"COMPOSE_PROFILES": variable})
+    rc, theirs, err = run_oracle(flags, tmp_path, env)
+    mine, ours, my_err = run_ours(flags, tmp_path, env)
+    assert rc == 0, err
+    assert mine == 0, f"the oracle accepts it ({sorted(theirs['services'])}); compose2sif: {my_err}"
+    assert sorted(ours["services"]) == sorted(theirs["services"])  # needs-empty's depends_on holds
+    assert not differences(ours, theirs), "\n".join(differences(ours, theirs))
+
+
+# ---- fill_volume's fast way, sourced from run/lib: a real unsquashfs on a real squashfs partition ----
+
+import shutil  # noqa: E402
+
+SIF_LIST_STANDIN = """#!/bin/sh
+# STAND-IN for apptainer, for this test only: `sif list` answers as Apptainer 1.4 prints it, the
+# squashfs partition at byte 8192; any other call (the runtime's copy) fails, so what fills the
+# volume can only be unsquashfs.
+if [ "$1 $2" = "sif list" ]; then
+    echo '------------------------------------------------------------------------------'
+    echo 'ID   |GROUP   |LINK    |SIF POSITION (start-end)  |TYPE'
+    echo '------------------------------------------------------------------------------'
+    echo '1    |1       |NONE    |4096-4200                 |Def.FILE'
+    echo '4    |1       |NONE    |8192-999999               |FS (Squashfs/*System/amd64)'
+    exit 0
+fi
+echo "FATAL: stand-in: no runtime here" >&2
+exit 1
+"""
+
+
+def tree_of(root):
+    return sorted((str(p.relative_to(root)), oct(p.lstat().st_mode), int(p.lstat().st_mtime),
+                   os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else b"")
+                  for p in [root, *root.rglob("*")] if p != root) + [("", oct(root.stat().st_mode),
+                                                                       int(root.stat().st_mtime), b"")]
+
+
+@pytest.mark.skipif(not (shutil.which("mksquashfs") and shutil.which("unsquashfs")),
+                    reason="squashfs-tools is not installed")
+def test_an_empty_volume_is_filled_straight_out_of_the_sif(tmp_path):
+    image = tmp_path / "image"
+    app = image / "srv" / "app"
+    (app / "sub").mkdir(parents=True)
+    (app / "a.txt").write_text("a\n")
+    (app / "sub" / "run").write_text("#!/bin/sh\n")
+    os.chmod(app / "a.txt", 0o640)
+    os.chmod(app / "sub" / "run", 0o755)
+    os.symlink("a.txt", app / "link")
+    os.symlink("app", image / "srv" / "through-link")
+    for path in (app / "a.txt", app / "sub" / "run", app / "sub", app):
+        os.utime(path, (1_000_000_000, 1_000_000_000))
+    os.chmod(app, 0o555)  # a read-only directory: its entries still move out
+    subprocess.run(["mksquashfs", str(image), str(tmp_path / "fs"), "-noappend", "-quiet", "-no-progress"],
+                   check=True, capture_output=True)
+    (tmp_path / "x.sif").write_bytes(b"\0" * 8192 + (tmp_path / "fs").read_bytes())
+    runtime = tmp_path / "standin-apptainer"
+    runtime.write_text(SIF_LIST_STANDIN)
+    runtime.chmod(0o755)
+    volumes = tmp_path / "volumes"
+    for name in ("empty", "full", "linked"):
+        (volumes / name).mkdir(parents=True)
+    (volumes / "full" / "mine").write_text("kept\n")
+    fill = lambda volume, target: subprocess.run(  # noqa: E731
+        ["bash", "-c", '. "$0/run/lib/core.sh" && . "$0/run/lib/start.sh" && fill_volume "$1" "$2"', str(REPO),
+         str(volumes / volume), target], capture_output=True, text=True, timeout=60,
+        env={"PATH": os.environ["PATH"], "RT": str(runtime), "S_SIF": str(tmp_path / "x.sif"), "RUNDIR": str(tmp_path)})
+    try:
+        done = fill("empty", "/srv/app")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert tree_of(volumes / "empty") == tree_of(app)
+        assert fill("full", "/srv/app").returncode == 0 and os.listdir(volumes / "full") == ["mine"]
+        # a link on the way to the target: unsquashfs cannot, the runtime's copy is asked (and fails here)
+        failed = fill("linked", "/srv/through-link")
+        assert failed.returncode != 0 and "could not fill volume" in failed.stdout, failed.stdout + failed.stderr
+        assert os.listdir(volumes / "linked") == []
+        assert sorted(os.listdir(volumes)) == ["empty", "full", "linked"]  # nothing left beside them
+    finally:
+        for path in (app, volumes / "empty"):
+            if path.exists():
+                path.chmod(0o755)

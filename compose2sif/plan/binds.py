@@ -37,6 +37,22 @@ def is_docker_socket(path: str, environ: Mapping[str, str]) -> bool:
         (host.startswith("unix://") and os.path.normpath(host[len("unix://"):]) == os.path.normpath(path))
 
 
+# What of a mount's long syntax a bind carries; anything else (SELinux relabelling, propagation,
+# consistency, a tmpfs's size and mode, ...) has no effect here and is named in a warning.
+_MOUNT_KEYS_USED = {"type", "source", "target", "read_only", "bind.create_host_path", "volume.nocopy",
+                    "volume.subpath"}
+
+
+def _ignored_options(mount: Mapping[str, object]) -> List[str]:
+    keys = []
+    for key, value in mount.items():
+        if isinstance(value, dict) and key in ("bind", "volume", "tmpfs", "image"):
+            keys += [f"{key}.{k}" for k in value if not str(k).startswith("x-")]
+        elif not str(key).startswith("x-"):
+            keys.append(str(key))
+    return [k for k in keys if k not in _MOUNT_KEYS_USED]
+
+
 def _depth(target: str) -> int:
     return os.path.normpath(target).count("/")
 
@@ -54,6 +70,11 @@ def service_binds(service: Service, project: Project, adapter: Optional[Adapter]
     binds: List[Bind] = []
     scratch = f"{STATE}/services/{service.name}"
     project_dir = os.path.realpath(project.working_dir)
+    for raw in (project.model.get("services") or {}).get(service.name, {}).get("volumes") or []:
+        ignored = _ignored_options(raw) if isinstance(raw, dict) and raw.get("type") in ("bind", "volume", "tmpfs") else []
+        if ignored:
+            warnings.append(f"service {service.name!r}: mount at {raw.get('target')}: {', '.join(ignored)} "
+                            "ignored (no effect under Apptainer)")
     for mount in service.mounts:
         if mount.type == "bind":
             source = mount.source or ""
@@ -79,6 +100,10 @@ def service_binds(service: Service, project: Project, adapter: Optional[Adapter]
                                     f"{STATE}/volumes/{mount.source}")
                 if volume.get("driver") not in (None, "local"):
                     warnings.append(f"service {service.name!r}: volume driver {volume['driver']!r} is ignored")
+                if volume.get("driver_opts"):
+                    warnings.append(f"service {service.name!r}: volume {mount.source!r}: driver_opts "
+                                    f"({', '.join(map(str, volume['driver_opts']))}) are ignored; it is the directory "
+                                    f"{STATE}/volumes/{mount.source}")
                 source = f"{STATE}/volumes/{mount.source}" + (f"/{mount.subpath}" if mount.subpath else "")
             else:
                 source = _anonymous(service.name, mount.target)

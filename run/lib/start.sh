@@ -122,16 +122,18 @@ prepare_dirs() {
 }
 
 # Docker's fill rule: a volume that is empty gets the image's content at its target before the
-# service starts: modes, links and times kept, ownership as far as the runtime lets a user. The
-# runtime copies it out of the image with the volume bound beside the target. A volume that holds
-# anything stays as it is, and nothing is written into it to remember (a database refuses a data
-# directory that is not empty); one lock, so that two services filling one volume take turns.
+# service starts: modes, links and times kept, ownership as far as the runtime lets a user. Read
+# straight out of the SIF where unsquash_into can, else the runtime copies it out of the image with
+# the volume bound beside the target. A volume that holds anything stays as it is, and nothing is
+# written into it to remember (a database refuses a data directory that is not empty); one lock,
+# so that two services filling one volume take turns.
 FILL_POINT=/.c2s-fill
 fill_volume() {
     local dir=$1 target=$2 why
     (
         flock 9
         [ -z "$(ls -A -- "$dir")" ] || exit 0
+        unsquash_into "$dir" "$target" && exit 0
         # shellcheck disable=SC2016  # (expanded by the image's shell)
         why=$("$RT" exec --contain --bind "$dir:$FILL_POINT" "$S_SIF" /bin/sh -c \
             'if [ -d "$1" ]; then cp -a "$1/." "$2/"; fi' sh "$target" "$FILL_POINT" 2>&1 >/dev/null) && exit 0
@@ -139,6 +141,37 @@ fill_volume() {
         echo "could not fill volume $dir from the image's $target: $(grep -v '^INFO' <<<"$why" | head -n 1)"
         exit 1
     ) 9>"$RUNDIR/fill.lock"
+}
+
+# The fill without a container: unsquashfs reads the target's tree out of the SIF's squashfs
+# partition (no FUSE mount, whose one thread makes a copy of many small files several times
+# slower), into a directory beside the volume; its entries are then moved in, and the volume gets
+# the directory's mode and times. Fails with the volume still empty where it cannot (no
+# unsquashfs or one without -o, no such partition, a link on the way to the target, nothing there):
+# the runtime copies then, and says why when it fails.
+unsquash_into() {
+    local dir=$1 target=$2 offset tmp src mode stamp
+    command -v unsquashfs >/dev/null 2>&1 && [ -f "$S_SIF" ] || return 1
+    offset=$("$RT" sif list "$S_SIF" 2>/dev/null |
+        awk -F'|' '/Squashfs\/\*System/ { split($4, at, "-"); print at[1] + 0; exit }')
+    [ -n "$offset" ] && [ "$offset" -gt 0 ] || return 1
+    tmp=$(mktemp -d "$(dirname -- "$dir")/.c2s-fill.XXXXXX") || return 1
+    src="$tmp/root$target"
+    # (umask 0: a user's unsquashfs creates files through the umask, run.sh's 077 among them; the
+    # image's modes are what the volume gets, as the runtime's `cp -a` keeps them)
+    if (umask 0 && unsquashfs -n -no-xattrs -o "$offset" -d "$tmp/root" "$S_SIF" "$target") >/dev/null 2>&1 &&
+        [ -d "$src" ] && [ ! -L "$src" ]; then
+        mode=$(stat -c %a -- "$src") stamp=$(stat -c %Y -- "$src")
+        chmod u+w -- "$src" &&
+            find "$src" -mindepth 1 -maxdepth 1 -exec mv -t "$dir" -- {} + &&
+            chmod "$mode" -- "$dir" && touch -d "@$stamp" -- "$dir" && src=""
+    fi
+    chmod -R u+w -- "$tmp" 2>/dev/null
+    rm -rf -- "$tmp"
+    if [ -n "$src" ]; then  # not done: empty again, for the runtime's copy
+        find "$dir" -mindepth 1 -delete 2>/dev/null
+        return 1
+    fi
 }
 
 # Wait until each dependency meets its condition. Fails if one fails.
