@@ -263,9 +263,12 @@ start_service() {
         fi
         refresh_instance
         record_helpers
-        # the start script runs as soon as the instance is up: a moment for it to show
-        for ((i = 0; i < 20; i++)); do
+        # the start script runs as soon as the instance is up: a moment for it to show, up to 10 s
+        # on a loaded node; an exit code, or no instance after a second, ends the wait early
+        for ((i = 0; i < 200; i++)); do
             service_running && break
+            [ -n "$(exit_code)" ] && break
+            [ "$STATE_NOW" = absent ] && ((i >= 20)) && break
             nap 0.05
         done
         if ! service_running; then
