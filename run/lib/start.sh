@@ -48,6 +48,7 @@ runtime_flags() {
     env_flags
     START_FLAGS=("${ENV_FLAGS[@]}")
     START_FLAGS+=(--bind "$STATE/hosts:/etc/hosts:ro")
+    start_script_flags
     [ -e "$RUNDIR/$S_NAME.fakeroot" ] && START_FLAGS+=(--fakeroot)
     local b src rest
     for b in "${S_BINDS[@]}"; do
