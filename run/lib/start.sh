@@ -66,7 +66,7 @@ runtime_flags() {
     [ "$S_WRITABLE_TMPFS" = 1 ] && root=tmpfs
     case "$root" in
         overlay)
-            remove_overlay "$S_NAME" && mkdir -p "$STATE/overlay/$S_NAME"
+            remove_overlay "$S_NAME" && mkdir -p "$STATE/overlay/$S_NAME" && shadow_image_dirs "$STATE/overlay/$S_NAME"
             START_FLAGS+=(--overlay "$STATE/overlay/$S_NAME")
             ;;
         tmpfs) START_FLAGS+=(--writable-tmpfs) ;;
