@@ -143,8 +143,8 @@ registry_source() {
 }
 
 # For the loaded service, where its image comes from its registry source: its definition's
-# %startscript, as the runtime writes it into an image, in RUNDIR/KEY.startscript, bound over the
-# image's own at start (an image built elsewhere from docker://REF has the runtime's default).
+# %startscript, as the runtime writes it into an image, in RUNDIR/KEY.startscript (services of one
+# image start side by side: each writes its own temporary file), bound over the image's own at start (an image built elsewhere from docker://REF has the runtime's default).
 start_script_flags() {
     local key=${S_SIF##*/} line in=0 file
     key=${key%.sif}
@@ -155,7 +155,7 @@ start_script_flags() {
         while IFS= read -r line; do
             if [ "$in" = 1 ]; then printf '%s\n' "$line"; elif [ "$line" = %startscript ]; then in=1; fi
         done <"$HERE/definitions/$key.def"
-    } >"$file.$$" && chmod 0755 "$file.$$" && mv -f "$file.$$" "$file" || return 1
+    } >"$file.$BASHPID" && chmod 0755 "$file.$BASHPID" && mv -f "$file.$BASHPID" "$file" || return 1
     START_FLAGS+=(--bind "$file:/.singularity.d/startscript:ro")
 }
 
