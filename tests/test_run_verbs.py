@@ -444,3 +444,26 @@ def test_build_and_up_refuse_in_one_line_where_no_definition_can_be_built_and_us
     proc = run_verb(node_dir, "up", "cmd_up", "-d", "db", **nobody)  # started from the dropped SIF
     assert "cannot be built here" not in proc.stderr, proc.stderr
     assert [c for c in calls(node_dir) if c[:2] == ["instance", "start"]][0][-2] == str(out / "sif" / f"{db}.sif")
+
+
+def test_a_setuid_overlay_gets_user_owned_copies_of_the_images_unwritable_directories(tmp_path):
+    """In setuid mode the image's own find lists the directories the user cannot write (once per
+    SIF); each is made in the overlay's upper layer, names with spaces or newlines included. The
+    runtime here is a STAND-IN script that prints such a list and counts its calls."""
+    standin = tmp_path / "standin-runtime"
+    standin.write_text("#!/bin/sh\necho x >>\"$0.calls\"\nprintf '/etc\\0/var/lib/db\\0/opt/a b\\0/opt/new\\nline\\0'\n")
+    standin.chmod(0o755)
+    sif = tmp_path / "img.sif"
+    sif.write_text("")
+    (tmp_path / "run").mkdir()
+    script = (f'source {RUN}/lib/core.sh && source {RUN}/lib/runtime.sh && RUNDIR={tmp_path}/run RT={standin} '
+              f'S_SIF={sif} RT_MODE="$0" && shadow_image_dirs {tmp_path}/ov && shadow_image_dirs {tmp_path}/ov2')
+    subprocess.run(["bash", "-c", script, "setuid"], check=True, timeout=30)
+    for ov in ("ov", "ov2"):
+        upper = tmp_path / ov / "upper"
+        assert sorted(str(p.relative_to(upper)) for p in upper.rglob("*")) == \
+            ["etc", "opt", "opt/a b", "opt/new\nline", "var", "var/lib", "var/lib/db"]
+        assert (tmp_path / ov / "work").is_dir()
+    assert (tmp_path / "standin-runtime.calls").read_text() == "x\n"  # the list is kept in RUNDIR
+    subprocess.run(["bash", "-c", script.replace("/ov", "/ov3"), "unprivileged"], check=True, timeout=30)
+    assert not (tmp_path / "ov3").exists()
