@@ -134,6 +134,7 @@ shadow_image_dirs() {
         "$RT" exec "$S_SIF" find / -xdev -type d ! -perm -0002 ! -user "$(id -u)" -print0 >"$list.$$" 2>/dev/null
         mv -f "$list.$$" "$list"
     fi
-    mkdir -p "$1/upper" "$1/work" &&
-        (cd "$1/upper" && sed -z 's|^/|./|' "$list" | xargs -0 -r mkdir -p 2>/dev/null) || true
+    mkdir -p "$1/upper" "$1/work" || return 0
+    (cd "$1/upper" && sed -z 's|^/|./|' "$list" | xargs -0 -r mkdir -p 2>/dev/null)
+    return 0
 }
