@@ -70,6 +70,7 @@ def test_doctor_says_setuid_and_what_cannot_be_built(setuid_node):
     assert any(line.startswith("warn definition files (Dockerfile builds, curated definitions) cannot be built here")
                for line in lines), proc.stdout
     assert not any("squashfuse" in line or "fuse-overlayfs" in line for line in lines), proc.stdout
+    assert "ok   writable root: a directory overlay on disk, mounted by the setuid starter" in proc.stdout
 
 
 def test_doctor_on_the_rootless_node_says_unprivileged(node):
