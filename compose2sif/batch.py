@@ -32,6 +32,8 @@ _ELAPSE = re.compile(r"^(\d+):([0-5]\d):([0-5]\d)$")
 _IFACE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 _PATH = re.compile(r"^[A-Za-z0-9_./%@+-]+$")
 _GROUP = re.compile(r"^[A-Za-z0-9_.@-]+$")
+_SIF = re.compile(r"^sif/[A-Za-z0-9_][A-Za-z0-9_.-]*\.sif$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ENV_WORD = re.compile(r"^\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})$")
 
 
@@ -53,10 +55,28 @@ class BatchOptions:
     stop_lead: int = 120                  # seconds before the time limit the job starts stopping
 
 
-def _server_adapter(plan: dict, service: dict) -> Optional[adapters.Adapter]:
-    """The adapter of the service's image (plan.json names the image by key)."""
-    image = (plan.get("images") or {}).get(service.get("image")) or {}
-    return adapters.adapter_for(image.get("ref"))
+def _sif(plan: dict, out_dir: str, service: dict) -> str:
+    """The path of the service's SIF, as plan.json names it: the one convert planned, sif/KEY.sif
+    inside the output directory, its source one line; anything else in a plan.json that was edited
+    or planted is refused, so no value sends the job to a file outside it."""
+    name, key = service.get("name"), service.get("image")
+    image = (plan.get("images") or {}).get(key) if isinstance(key, str) else None
+    where = f"{os.path.join(out_dir, 'plan.json')}: services.{name}.image"
+    if not isinstance(image, dict):
+        raise ComposeError(f"{where}: {key!r} is not an image of the plan: convert again")
+    sif, ref = image.get("sif"), image.get("ref")
+    if not (isinstance(sif, str) and _SIF.match(sif) and sif == f"sif/{key}.sif") or not isinstance(ref, str) \
+            or _CONTROL.search(ref):
+        raise ComposeError(f"{where}: image {key!r} (sif {sif!r}, source {ref!r}) is not one convert plans "
+                           "(sif/KEY.sif in the output directory, a one-line source): convert again")
+    return os.path.join(out_dir, sif)
+
+
+def _server_adapter(service: dict) -> Optional[adapters.Adapter]:
+    """The adapter convert chose for the service (plan.json records its family: the compose image
+    decides it, also where x-compose2sif.image gives a SIF)."""
+    family = service.get("adapter")
+    return next((a for a in adapters.ADAPTERS if family and a.family == family), None)
 
 
 def load_plan(out_dir: str) -> dict:
@@ -192,7 +212,7 @@ def render(plan: dict, out_dir: str, names: List[str], options: BatchOptions) ->
         service = by_name[name]
         if not service.get("gpus") or not gpus:
             continue
-        adapter = _server_adapter(plan, service)
+        adapter = _server_adapter(service)
         size = adapter.parallel_size(service.get("launch") or [], f"services.{name}.command") if adapter else 1
         if size > gpus:
             spanning.append((name, math.ceil(size / gpus)))
@@ -202,7 +222,7 @@ def render(plan: dict, out_dir: str, names: List[str], options: BatchOptions) ->
     ray = by_name[spanning[0][0]] if spanning else None
     nodes = options.nodes or (spanning[0][1] if spanning else 1)
     if ray:
-        problem = _server_adapter(plan, ray).across_nodes_problem(ray["launch"])
+        problem = _server_adapter(ray).across_nodes_problem(ray["launch"])
         if problem:
             raise ComposeError(f"it spans {spanning[0][1]} nodes of {gpus} GPUs: {problem}",
                                path=f"services.{ray['name']}.command")
@@ -213,9 +233,7 @@ def render(plan: dict, out_dir: str, names: List[str], options: BatchOptions) ->
         raise ComposeError(f"--nodes {nodes}: service {ray['name']} needs {spanning[0][1]} nodes of {gpus} GPUs")
 
     # every SIF the job uses, present now (and checked again in the job's first lines)
-    images = plan.get("images") or {}
-    sifs = sorted({os.path.join(out_dir, images[by_name[n]["image"]]["sif"]) for n in chosen
-                   if by_name[n].get("image") in images})
+    sifs = sorted({_sif(plan, out_dir, by_name[n]) for n in chosen})
     missing = [s for s in sifs if not os.path.exists(s)]
     if missing:
         raise ComposeError(f"{missing[0]} is missing: run {os.path.join(out_dir, 'run.sh')} build first "
@@ -327,8 +345,9 @@ def render(plan: dict, out_dir: str, names: List[str], options: BatchOptions) ->
         f"elapse_s={_seconds(options.elapse)}",
         f"stop_lead={stop_lead}  # seconds before the time limit the job stops itself",
         f"ray_service={q(ray['name']) if ray else ''}",
-        f"ray_sif={q(os.path.join(out_dir, images[ray['image']]['sif'])) if ray else ''}",
+        f"ray_sif={q(_sif(plan, out_dir, ray)) if ray else ''}",
         f"ray_env={q(os.path.join(out_dir, 'env', ray['name'])) if ray else ''}",
+        f"ray_instance={q(ray['instance']) if ray else ''}  # where the service's Ray driver runs",
         f"ray_binds=({' '.join(q(b) for b in ray_binds)})",
         f"ray_grace={ray_grace}  # seconds: {ray['name'] + chr(39) + 's' if ray else 'the'} stop_grace_period",
         f"iface={q(options.interface)}",

@@ -6,11 +6,14 @@ set -uo pipefail
 # and runs the converted project's runner, `run.sh up SERVICES` in the foreground, on this node.
 # Where a service spans nodes (vLLM over Ray), it first starts one task per node through the
 # launcher (srun, mpirun, mpiexec): each task starts a "keeper" in a session of its own, which runs
-# the Ray head (first node) or a Ray worker (the others) and stops it, with the service's stop
-# grace, when the job dir says `stop`, when its task is killed (OpenMPI's mpirun kills its ranks 1 s
-# after SIGTERM) or on SIGTERM; it never relies on the launcher to do it. The runner's services
-# reach the Ray cluster through RAY_ADDRESS. The job ends (the runner exits, a node part fails, a
-# cancel, the time limit) with `run.sh down`, every keeper stopped and the job directory removed.
+# the Ray head (first node, without GPUs) or a Ray worker (the others) and stops it, with the
+# service's stop grace, when the job dir says `stop`, when its task is killed (OpenMPI's mpirun kills
+# its ranks 1 s after SIGTERM) or on SIGTERM; it never relies on the launcher to do it. The runner's
+# services reach the Ray cluster through RAY_ADDRESS. The first node's GPUs join the cluster from
+# inside the Ray service's instance, once the runner started it: a Ray driver finds its node by the
+# raylet processes it can see, and an instance has a PID namespace of its own. The job ends (the
+# runner exits, a node part fails, a cancel, the time limit) with `run.sh down`, every keeper
+# stopped and the job directory removed.
 
 say() { printf '[c2s-batch %s] %s\n' "$(hostname -s 2>/dev/null || hostname)" "$*" >&2; }
 
@@ -153,7 +156,7 @@ end_job() {  # stop everything, remove the job directory, exit with $1
         kill -TERM "$launched" 2>/dev/null
         wait "$launched" 2>/dev/null
     fi
-    rm -rf -- "$job_dir"
+    rm -rf -- "$job_dir" "/dev/shm/c2s-ray-$job_id-driver"
     rmdir -- "$submit_dir/.compose2sif-batch" 2>/dev/null
     say "stopped"
     exit "$1"
@@ -197,10 +200,28 @@ wait_for_ray() {  # the head's "ADDRESS IFNAME" once every node joined, passed t
     say "Ray cluster: $nodes nodes, head $address:$ray_port ($ifname)"
     pass_env RAY_ADDRESS "$address:$ray_port"
     pass_env VLLM_HOST_IP "$address"
-    pass_env RAY_NODE_IP_ADDRESS "$address"  # the Ray driver's node: the head's address, not the default route's
-    pass_env RAY_OVERRIDE_NODE_IP_ADDRESS "$address"
     pass_env NCCL_SOCKET_IFNAME "$ifname"
     pass_env GLOO_SOCKET_IFNAME "$ifname"
+}
+
+driver_node() {  # this node's GPUs join the Ray cluster from inside the Ray service's instance
+    local waited=0 address ifname
+    read -r address ifname <"$job_dir/ray-head"
+    until "$runtime" instance list "$ray_instance" 2>/dev/null | grep -q -- "$ray_instance"; do
+        kill -0 "$runner" 2>/dev/null || return 0  # run.sh up ended: the main loop says so
+        [ "$waited" -ge "$cluster_timeout" ] && { say "no instance $ray_instance after ${cluster_timeout}s"; return 1; }
+        pause 1
+        waited=$((waited + 1))
+    done
+    # its own temp dir: the head's raylet, outside the instance, has its sockets in the head's
+    "$runtime" exec instance://"$ray_instance" ray start --address="$address:$ray_port" --node-ip-address="$address" \
+        --num-gpus="$gpus_per_node" --disable-usage-stats --temp-dir="/dev/shm/c2s-ray-$job_id-driver" \
+        >"$job_dir/driver-node.log" 2>&1 </dev/null &
+    if ! wait "$!"; then
+        say "the Ray node in instance $ray_instance did not start: $(tail -n 1 "$job_dir/driver-node.log")"
+        return 1
+    fi
+    say "Ray node in instance $ray_instance: the driver's, $gpus_per_node GPU(s)"
 }
 
 batch_step() {
@@ -220,6 +241,7 @@ batch_step() {
     "$run_dir/run.sh" up ${services[@]+"${services[@]}"} </dev/null &
     runner=$!
     tunnel_line
+    [ -n "$ray_service" ] && { driver_node || end_job 1; }
     local rc
     while :; do
         if ! kill -0 "$runner" 2>/dev/null; then
@@ -304,8 +326,8 @@ set_sif_opts() {  # the Ray service's environment file (evaluated or not, as the
         sif_opts+=(--env-file "$ray_env.eval.env")
     fi
     [ "$gpus_per_node" -gt 0 ] && sif_opts+=(--nv)
-    sif_opts+=(${ray_binds[@]+"${ray_binds[@]}"} --env "VLLM_HOST_IP=$1" --env "RAY_NODE_IP_ADDRESS=$1"
-        --env "RAY_OVERRIDE_NODE_IP_ADDRESS=$1" --env "NCCL_SOCKET_IFNAME=$2" --env "GLOO_SOCKET_IFNAME=$2")
+    sif_opts+=(${ray_binds[@]+"${ray_binds[@]}"} --env "VLLM_HOST_IP=$1" --env "NCCL_SOCKET_IFNAME=$2"
+        --env "GLOO_SOCKET_IFNAME=$2")
 }
 
 ray_nodes() {  # how many nodes the Ray cluster at $1 has
@@ -328,7 +350,7 @@ keeper() {
     say "rank $rank of $nodes, $ifname $addr"
     if [ "$rank" = 0 ]; then
         in_sif "${sif_opts[@]}" "$ray_sif" ray start --head --block --node-ip-address="$addr" --port="$ray_port" \
-            --num-gpus="$gpus_per_node" --include-dashboard=false --disable-usage-stats --temp-dir="$ray_tmp"
+            --num-gpus=0 --include-dashboard=false --disable-usage-stats --temp-dir="$ray_tmp"
         printf '%s\n' "$addr" >"$job_dir/ray-head.address.tmp" && mv "$job_dir/ray-head.address.tmp" "$job_dir/ray-head.address"
         until [ "$(ray_nodes "$addr:$ray_port")" -ge "$nodes" ]; do
             [ "$waited" -ge "$cluster_timeout" ] && fail "the Ray cluster did not reach $nodes nodes in ${cluster_timeout}s"

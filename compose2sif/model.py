@@ -63,6 +63,17 @@ class GpuRequest:
     device_ids: Tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class PreStartStep:
+    """One `pre_start` step: a one-off container run to completion before the service first starts."""
+    image: Optional[str] = None          # None: the service's own image
+    command: Optional[List[str]] = None  # None: the image's ENTRYPOINT and CMD
+    environment: Dict[str, Optional[str]] = field(default_factory=dict)  # added to the service's
+    working_dir: Optional[str] = None    # None: the service's
+    user: Optional[str] = None
+    privileged: bool = False
+
+
 @dataclass
 class Service:
     name: str
@@ -94,6 +105,7 @@ class Service:
     replicas: Optional[int] = None                            # deploy.replicas
     limits: Dict[str, Any] = field(default_factory=dict)      # deploy.resources.limits
     extensions: Dict[str, Any] = field(default_factory=dict)  # x-* keys, e.g. x-compose2sif
+    pre_start: List[PreStartStep] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict)          # every key as loaded, for warnings
 
 
@@ -172,6 +184,14 @@ def _restart(service: str, policy: str) -> str:
     return str(policy)
 
 
+def _pre_start_step(step: Dict[str, Any]) -> PreStartStep:
+    privileged = step.get("privileged", False)
+    return PreStartStep(image=step.get("image"), command=step.get("command"),
+                        environment=dict(step.get("environment") or {}), working_dir=step.get("working_dir"),
+                        user=None if step.get("user") is None else str(step["user"]),
+                        privileged=str(privileged).lower() in ("true", "1", "t"))
+
+
 def build_service(name: str, config: Dict[str, Any]) -> Service:
     """One service of ``Project.config`` (the encoded, long-syntax form) as a typed Service."""
     deploy = config.get("deploy") or {}
@@ -208,17 +228,24 @@ def build_service(name: str, config: Dict[str, Any]) -> Service:
         replicas=deploy.get("replicas"),
         limits=(deploy.get("resources") or {}).get("limits") or {},
         extensions={k: v for k, v in config.items() if k.startswith("x-")},
+        pre_start=[_pre_start_step(step) for step in config.get("pre_start") or []],
         raw=config,
     )
 
 
 def services(project: Project) -> Dict[str, Service]:
     """The active services, typed. A depends_on on a service that profiles disabled and that is
-    not required is dropped here (Compose keeps it in `config` output but never starts it)."""
-    active = project.config["services"]
+    not required is dropped here (Compose keeps it in `config` output but never starts it), and so
+    is a service scaled to zero (`deploy.replicas: 0` or `scale: 0`: Compose creates no container)."""
+    active = {name: config for name, config in project.config["services"].items() if not scaled_to_zero(config)}
     out = {}
     for name, config in active.items():
         service = build_service(name, config)
         service.depends_on = [d for d in service.depends_on if d.service in active]
         out[name] = service
     return out
+
+
+def scaled_to_zero(config: Dict[str, Any]) -> bool:
+    deploy = config.get("deploy") if isinstance(config.get("deploy"), dict) else {}
+    return config.get("scale") == 0 or deploy.get("replicas") == 0

@@ -18,6 +18,7 @@ Everything written comes from the Plan: nothing is decided here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -227,6 +228,8 @@ def _service_function(s: ServicePlan, fn: str) -> List[str]:
         f"    S_EMPTY={_array(b.source for _, b in binds if b.kind in ('tmpfs', 'scratch'))}",
         f"    S_ENDPOINTS={_array(_endpoint(p) for p in s.ports)}",
         f"    S_HEALTH={_array(health['test'] if health else [])}",
+        # three words a pre_start step: its image key, its env file, its fingerprint
+        f"    S_PRE_START={_array(w for p in s.pre_start for w in (p.image, p.env_file, p.fingerprint))}",
     ]
     if health:
         lines += [f"    S_HEALTH_INTERVAL={health['interval']} S_HEALTH_TIMEOUT={health['timeout']} "
@@ -370,6 +373,11 @@ def write(plan: Plan, out_dir: str) -> None:
             _write(out_dir, base + ".health.env", env_file_text(service, extra=service.probe_environment))
             _write(out_dir, base + ".health.eval.env",
                    env_file_text(service, evaluated=True, extra=service.probe_environment))
+        for step in service.pre_start:  # a step is its service with its own environment and command
+            as_run = dataclasses.replace(service, name=f"{service.name} pre_start[{step.index}]",
+                                         environment=step.environment, launch=step.launch, workdir=step.workdir)
+            _write(out_dir, step.env_file, env_file_text(as_run))
+            _write(out_dir, step.env_file[:-len(".env")] + ".eval.env", env_file_text(as_run, evaluated=True))
     for path, content in plan.configs.items():
         _write(out_dir, path, content)
     if plan.generated_secrets:

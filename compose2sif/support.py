@@ -104,7 +104,11 @@ SERVICE_KEYS: Dict[str, KeySupport] = {
                 "(privileged, published on another port, or a clash with a service that listens on all "
                 "addresses), and the service and its clients are told; published ports bind on their host_ip"),
     "post_start": _u("lifecycle hooks are not run; ignored"),
-    "pre_start": _u("init containers are not run yet: the service starts without its pre_start steps"),
+    "pre_start": _e("each step runs to completion, in order, before the service first starts: a one-off container "
+                    "of its image (the service's, or another SIF built or pulled like any other) with the service's "
+                    "volumes, binds, environment (the step's added) and working directory; not run again on a "
+                    "restart or a later `up` until the step changes or after `down`; a failing step fails the "
+                    "service with its output; a step's `user` and `privileged` are ignored (warning)"),
     "pre_stop": _u("lifecycle hooks are not run; ignored"),
     "privileged": _u("an unprivileged user cannot run privileged instances; ignored"),
     "profiles": _h("services are enabled with --profile or COMPOSE_PROFILES"),

@@ -1,14 +1,16 @@
 """What the whole suite shares: the --e2e option, and fixtures more than one module uses.
 
-`python3 -m pytest -q` runs the unit tests. The end-to-end tests (tests/e2e, marked e2e: real
-Apptainer on the test bed that tests/e2e/provision.sh builds as root) run only with --e2e."""
+`python3 -m pytest -q -n auto` runs the unit tests, spread over the CPUs by pytest-xdist (without
+`-n` they run one after another, as well). The end-to-end tests (tests/e2e, marked e2e: real
+Apptainer on the test bed that tests/e2e/provision.sh builds as root) run only with --e2e, all on
+one xdist worker, in order: they share the one test bed and its node."""
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from helpers import REPO, STANDIN
+from helpers import REPO, STANDIN, compose2sif_forked
 
 E2E_DIR = Path(__file__).resolve().parent / "e2e"
 
@@ -18,6 +20,7 @@ def pytest_addoption(parser):
                      help="also run the end-to-end tests (tests/e2e: as root, on the Apptainer test bed)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker names the grouped tests
 def pytest_collection_modifyitems(config, items):
     e2e = []
     for item in items:
@@ -26,6 +29,8 @@ def pytest_collection_modifyitems(config, items):
                                     "(pytestmark = pytest.mark.e2e)")
         if item.get_closest_marker("e2e") is not None:
             e2e.append(item)
+            # under xdist (--dist loadgroup) the whole group goes to one worker
+            item.add_marker(pytest.mark.xdist_group("e2e"))
     if e2e and not config.getoption("--e2e"):
         config.hook.pytest_deselected(items=e2e)
         items[:] = [item for item in items if item.get_closest_marker("e2e") is None]
@@ -33,6 +38,27 @@ def pytest_collection_modifyitems(config, items):
 
 
 _E2E_LEFT_OUT = pytest.StashKey[int]()
+
+
+def pytest_configure(config):
+    # `-n N` alone (xdist's --dist load) would deal the e2e tests out to several workers, each
+    # entering the test bed: group them, on the controller and on each worker
+    if getattr(config.option, "numprocesses", None) and config.option.dist in ("no", "load"):
+        config.option.dist = "loadgroup"
+    if hasattr(config, "workerinput"):  # a worker: name each e2e test with its group (xdist's loadgroup)
+        config.option.loadgroup = True
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)  # an xdist worker: tell the controller
+    if workeroutput is not None:
+        workeroutput["e2e_left_out"] = session.config.stash.get(_E2E_LEFT_OUT, 0)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    left_out = getattr(node, "workeroutput", {}).get("e2e_left_out", 0)
+    node.config.stash[_E2E_LEFT_OUT] = max(node.config.stash.get(_E2E_LEFT_OUT, 0), left_out)
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -47,8 +73,9 @@ def project(tmp_path):
     runs on the RECORDING STAND-IN for apptainer; its `instance list --json` answers what the test
     writes to the listing file. Gives (directory, run(*args) of run.sh, the listing file)."""
     (tmp_path / "compose.yaml").write_text(PS_DOWN_COMPOSE)
-    subprocess.run(["python3", "-m", "compose2sif", "-f", str(tmp_path / "compose.yaml"), "convert", "--offline", "-o",
-                    str(tmp_path / "out")], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    converted = compose2sif_forked(["-f", str(tmp_path / "compose.yaml"), "convert", "--offline", "-o",
+                                    str(tmp_path / "out")], tmp_path, {**os.environ, "PYTHONPATH": str(REPO)})
+    assert converted.returncode == 0, converted.stderr
     listing = tmp_path / "listing.json"
     listing.write_text('{"instances": []}')
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "C2S_RUNTIME": str(STANDIN),

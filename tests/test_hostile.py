@@ -14,12 +14,11 @@ import re
 import shutil
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import REPO, STANDIN
+from helpers import REPO, STANDIN, compose2sif_forked
 
 SECTIONS = {"%setup", "%files", "%environment", "%post", "%runscript", "%startscript", "%test", "%labels", "%help",
             "%arguments"}
@@ -243,8 +242,7 @@ def run_hostile(tmp_path, text, dotenv, filename):
            "PYTHONPATH": str(REPO), "C2S_RUNTIME": str(STANDIN), "C2S_RECORD": str(record),
            "C2S_STANDIN_INSTANCES": str(instances), "C2S_SIF_CACHE": str(tmp_path / "sif-cache")}
     before = _tree(root, out)
-    convert = subprocess.run([sys.executable, "-m", "compose2sif", "-f", filename, "convert", "--offline", "-o",
-                              str(out)], cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    convert = compose2sif_forked(["-f", filename, "convert", "--offline", "-o", str(out)], project, env)
     assert "Traceback" not in convert.stderr and "internal error" not in convert.stderr, convert.stderr
     bind_sources = set()
     if convert.returncode != 0:
@@ -344,9 +342,8 @@ SIMPLE = "services:\n  app:\n    image: busybox\n    volumes: [\"data:/v\"]\n   
 
 
 def _convert(project: Path, out: Path, env=None):
-    return subprocess.run([sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(out)], cwd=project,
-                          env=env or {"PATH": "/usr/bin:/bin", "HOME": str(project), "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=120)
+    return compose2sif_forked(["convert", "--offline", "-o", str(out)], project,
+                              env or {"PATH": "/usr/bin:/bin", "HOME": str(project), "PYTHONPATH": str(REPO)})
 
 
 @pytest.fixture
@@ -427,7 +424,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from helpers_fuzz import hostile_projects, written_project  # noqa: E402
 
 
-@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None,
+# 20 projects a run (each is four processes); FUZZ_EXAMPLES=500 for a deeper search
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "20")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(project=hostile_projects())
 def test_convert_ps_down_of_a_hostile_project_succeed_or_fail_with_one_line(tmp_path_factory, project):
@@ -436,16 +434,14 @@ def test_convert_ps_down_of_a_hostile_project_succeed_or_fail_with_one_line(tmp_
     env = {"PATH": f"{STANDIN.parent}:/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8", "PYTHONPATH": str(REPO),
            "C2S_RUNTIME": str(STANDIN), "C2S_RECORD": str(work / "record")}
     project_name = (project_name or "").replace("\0", "")  # argv cannot carry a NUL
-    args = [sys.executable, "-m", "compose2sif", *(["-p", project_name] if project_name else [])]
-    convert = subprocess.run([*args, "convert", "--offline", "-o", str(work / "out")], cwd=work, env=env,
-                             capture_output=True, text=True, errors="replace", timeout=120)
+    args = ["-p", project_name] if project_name else []
+    convert = compose2sif_forked([*args, "convert", "--offline", "-o", str(work / "out")], work, env, errors="replace")
     assert "Traceback" not in convert.stderr and "internal error" not in convert.stderr, convert.stderr
     if convert.returncode != 0:
         _one_error_line(convert)
         return
     for verb in (["ps"], ["ps", "--format", "json"], ["down"]):
-        proc = subprocess.run([*args, verb[0], "-o", str(work / "out"), *verb[1:]], cwd=work, env=env,
-                              capture_output=True, text=True, errors="replace", timeout=120)
+        proc = compose2sif_forked([*args, verb[0], "-o", str(work / "out"), *verb[1:]], work, env, errors="replace")
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, (verb, proc.stderr)
         if verb[1:]:
             json.loads(proc.stdout)

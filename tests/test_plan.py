@@ -1,5 +1,6 @@
 """The planner: own loopback addresses, evidence of ports, moves only where needed, clashes refused,
 reference rewriting, binds, levels, GPUs, warnings."""
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from compose2sif.load import ProjectOptions, load_project
 from compose2sif.plan import PlanOptions, build_plan
 from compose2sif.plan.network import (default_address_block, default_port_base, free_address_block, overlaps,
                                       parse_address_block)
+from helpers import check_plan
 
 BLOCK = "127.45.3"
 
@@ -110,7 +112,9 @@ def test_a_clash_that_cannot_be_resolved_is_refused_with_the_hint(tmp_path):
     message = str(info.value)
     assert "services 'a' and 'b' both listen on port 9000" in message
     assert "b: healthcheck" in message and "on all interfaces" in message
-    assert 'x-compose2sif: {ports: {"9000": {env: VAR}}}' in message and "bind_address" in message
+    # the fix moves the port: an address alone would not part b from a, which holds 0.0.0.0:9000
+    assert "fix: add to service 'b' `x-compose2sif: {ports: {\"9000\": {env: VAR}}}`" in message
+    assert "bind_address" not in message
 
 
 def test_a_privileged_port_moves_through_its_knob_or_is_refused(tmp_path):
@@ -368,3 +372,226 @@ def test_long_dependency_chains_and_expose_ranges(tmp_path):
     plan = plan_for(tmp_path, f"services:\n{chain}\n  s250: {{image: example/s, expose: ['7000-7002']}}\n")
     assert plan.service("s0").level == 250
     assert [p.container for p in plan.service("s250").ports] == [7000, 7001, 7002]
+
+
+# ---- issue 18: evidence only from what a service reads, knobs only where it reads them ----------
+
+def test_an_image_reference_is_not_a_service_and_port():
+    from compose2sif.plan.network import References
+    refs = References({"elasticsearch": ["elasticsearch"], "db": ["db"]})
+    assert refs.references("image: docker.elastic.co/elasticsearch/elasticsearch:8.13.2 and repo/db:16-alpine") == []
+    assert refs.references("http://elasticsearch:9200/ db:5432, tcp://db:5433") == [
+        ("elasticsearch", 9200), ("db", 5432), ("db", 5433)]
+
+
+def test_compose_files_and_sources_in_a_bound_tree_are_no_evidence(tmp_path):
+    """The service binds the whole project: its compose file names `es:8` as an image tag and `web:80`
+    in a comment, its sources `web:81`; none of that is a listener (it would be refused: < 1024)."""
+    plan = plan_for(tmp_path, """
+        services:
+          es: {image: "repo/es:8.13.2"}   # web:80
+          web: {image: example/web}
+          app: {image: example/app, volumes: [".:/src"]}
+    """, files={"main.py": "URL = 'http://web:81/'\n", "settings.json": '{"search": "es:9200"}\n'})
+    assert [p.container for p in plan.service("web").ports] == []
+    assert [p.container for p in plan.service("es").ports] == [9200]
+
+
+def test_dotted_variables_reach_the_program_through_env_on_its_launch_line(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          es:
+            image: example/es
+            environment: ["discovery.type=single-node", "xpack.security.enabled=false", "ES_JAVA_OPTS=-Xms1g"]
+          app:
+            image: example/app
+            command: ["serve", "--x"]
+            environment: {"a.b": "$$(touch /tmp/x) 'q'"}
+    """)
+    es, app = plan.service("es"), plan.service("app")
+    # the runscript is an sh script, and dash drops such names: bash runs it where the image has it
+    assert es.launch[:2] == ["/bin/sh", "-c"] and es.launch[3:] == [
+        "compose2sif-env", "2", "discovery.type=single-node", "xpack.security.enabled=false",
+        "/.singularity.d/runscript"]
+    assert es.environment == {"ES_JAVA_OPTS": "-Xms1g"}
+    assert app.launch[4:] == ["1", "a.b=$(touch /tmp/x) 'q'", "/.singularity.d/runscript", "serve", "--x"]
+    assert not any("skipped" in w for w in plan.warnings)
+    # run here: the values arrive as data, the runscript's own arguments unchanged
+    runscript = tmp_path / "runscript"
+    runscript.write_text('#!/bin/sh\nexec "$@"\n')
+    runscript.chmod(0o755)
+    shown = "import os, sys; print(repr(os.environ.get('a.b')), sys.argv[1:])"
+    argv = app.launch[:6] + [str(runscript), "python3", "-c", shown, "serve", "--x"]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    assert proc.stdout == "\"$(touch /tmp/x) 'q'\" ['serve', '--x']\n", proc.stderr
+
+
+def test_a_service_scaled_to_zero_is_not_started(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          app: {image: example/app, depends_on: [spare]}
+          spare: {image: example/spare, deploy: {replicas: 0}}
+    """)
+    assert [s.name for s in plan.services] == ["app"]
+    assert plan.service("app").depends_on == []
+    assert any("'spare': scaled to zero" in w for w in plan.warnings)
+
+
+def test_pull_policy_if_not_present_is_printed_as_compose_prints_it(tmp_path):
+    from oracle import base_env, binary, run_oracle, run_ours
+    (tmp_path / "compose.yaml").write_text("services:\n  a: {image: x, pull_policy: if_not_present}\n")
+    rc, ours, err = run_ours([], tmp_path, base_env({}))
+    assert rc == 0, err
+    assert ours["services"]["a"]["pull_policy"] == "missing"
+    if binary() is not None:
+        assert run_oracle([], tmp_path, base_env({}))[1]["services"]["a"]["pull_policy"] == "missing"
+
+
+def test_settings_one_file_hands_many_services_are_no_service_s_knob(tmp_path):
+    """A project-wide .env (LISTEN_ADDR=:8888 for the one server that reads it) reaches every
+    service; the others do not read it, so none is told an address through it."""
+    common = {f"SETTING_{i}": str(i) for i in range(10)}
+    common["LISTEN_ADDR"] = ":8888"
+    (tmp_path / "common.env").write_text("".join(f"{k}={v}\n" for k, v in common.items()))
+    plan = plan_for(tmp_path, """
+        services:
+          server: {image: example/server, env_file: common.env, ports: ["8888:8888"]}
+          worker: {image: example/worker, env_file: common.env}
+    """)
+    assert plan.service("worker").environment["LISTEN_ADDR"] == ":8888" and plan.service("worker").ports == []
+    assert plan.service("server").environment["LISTEN_ADDR"] == ":8888"
+    assert plan.service("server").address == "0.0.0.0"
+    assert any("'server' is published on all interfaces" in w or "'server' listens on all interfaces" in w
+               for w in plan.warnings)
+
+
+def test_an_address_setting_keeps_a_port_the_plan_tells_through_another_knob(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          app:
+            image: example/app
+            environment: {BIND: "0.0.0.0:8000", PORT: "8000"}
+            x-compose2sif: {ports: {"8000": {env: PORT}}}
+    """)
+    app = plan.service("app")
+    assert app.environment["BIND"] == f"{app.address}:8000" and app.address.startswith(BLOCK)
+
+
+def test_nginx_is_recognised_by_its_mounted_config_or_its_command(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          front:
+            image: example/front-with-nginx
+            ports: ["8888:80"]
+            volumes: ["./default.conf:/etc/nginx/conf.d/default.conf:ro"]
+          proxy:
+            image: example/proxy
+            command: ["sh", "-c", "cp /tpl/app.conf /etc/nginx/conf.d/ && exec nginx -g 'daemon off;'"]
+            volumes: ["./tpl:/tpl:ro"]
+    """, files={"default.conf": "server {\n  listen 80;\n}\n", "tpl/app.conf": "server {\n  listen 80;\n}\n"})
+    front, proxy = plan.service("front"), plan.service("proxy")
+    assert (front.adapter, proxy.adapter) == ("nginx", "nginx")
+    front80 = port(plan, "front", 80)
+    assert front80.host >= 1024 and f"listen {front80.address}:{front80.host};" in \
+        plan.configs["config/front/root/etc/nginx/conf.d/default.conf"]
+    copied = [t for p, t in plan.configs.items() if p.startswith("config/proxy/") and p.endswith("/tpl/app.conf")]
+    proxy80 = port(plan, "proxy", 80)
+    assert copied and f"listen {proxy80.address}:{proxy80.host};" in copied[0] and proxy80.host >= 1024
+
+
+def test_minio_is_told_host_and_port_before_its_data_directories(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          minio:
+            image: minio/minio:RELEASE.2025-03-12T18-04-18Z
+            command: server --console-address ":9090" /data
+            healthcheck: {test: ["CMD", "curl", "-f", "http://localhost:9000/minio/health/live"]}
+          clickhouse: {image: example/clickhouse, healthcheck: {test: "wget -q localhost:9000"}}
+    """)
+    minio = plan.service("minio")
+    api = port(plan, "minio", 9000)
+    assert api.host != 9000 and minio.launch == [
+        "/.singularity.d/runscript", "server", "--console-address", f"{minio.address}:9090",
+        "--address", f"{minio.address}:{api.host}", "/data"]
+
+
+def test_a_published_port_the_program_is_not_shown_to_open_is_not_refused(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          web: {image: example/web, command: ["serve", "--port", "8000"], ports: ["8000:8000", "443:443"]}
+    """)
+    assert [p.container for p in plan.service("web").ports] == [8000]
+    assert any("'web' listens on port 443 (seen in: ports)" in w for w in plan.warnings)
+
+
+def test_a_built_image_s_cmd_shows_its_knobs(tmp_path):
+    """Two services built from one Dockerfile whose CMD says `--host 0.0.0.0 --port 9000`: each is
+    told its own address through it, so neither clash is refused; without a knob told the launch
+    stays the image's own."""
+    plan = plan_for(tmp_path, """
+        services:
+          index: {build: ./model, healthcheck: {test: "curl -f localhost:9000/health"}}
+          infer: {build: ./model, healthcheck: {test: "curl -f localhost:9000/health"}}
+          plain: {build: ./plain}
+    """, files={"model/Dockerfile": 'FROM python:3.12\nCMD ["uvicorn", "main:app", "--host", "0.0.0.0", '
+                                    '"--port", "9000"]\n',
+                "plain/Dockerfile": 'FROM python:3.12\nCMD ["python3", "-m", "http.server"]\n'})
+    for name in ("index", "infer"):
+        service = plan.service(name)
+        assert port(plan, name, 9000).host == 9000 and service.address.startswith(BLOCK)
+        assert service.launch == ["/.singularity.d/runscript", "uvicorn", "main:app", "--host", service.address,
+                                  "--port", "9000"]
+    assert plan.service("plain").launch is None
+
+
+def test_a_pulled_image_s_env_and_cmd_show_its_knobs(tmp_path):
+    """Servers on 3000 (a Node default) are refused when nothing says how to tell them; the registry's
+    image configuration says it: `ENV PORT=3000 HOSTNAME=0.0.0.0`, or a CMD with --port."""
+    from compose2sif.registry import ImageConfig
+    compose = """
+        services:
+          web: {image: "example/web:1", healthcheck: {test: "curl -f localhost:3000"}}
+          plugin: {image: "example/plugin:1", environment: {API: "http://web:3000"}}
+          sandbox: {image: "example/sandbox:1", healthcheck: {test: "curl -f localhost:3000"}}
+    """
+    with pytest.raises(ComposeError, match=r"fix: add to service 'web' `x-compose2sif: \{ports: \{\"3000\": \{env: VAR"):
+        plan_for(tmp_path, compose)
+    configs = {"example/web:1": ImageConfig(env={"PORT": "3000", "HOSTNAME": "0.0.0.0"}),
+               "example/plugin:1": ImageConfig(cmd=["node", "dist/main.js", "--port", "3000"]),
+               "example/sandbox:1": ImageConfig(env={"PORT": "3000"})}
+    plan = plan_for(tmp_path, compose, image_configs=configs)
+    check_plan(plan)
+    web, plugin, sandbox = plan.service("web"), plan.service("plugin"), plan.service("sandbox")
+    assert web.environment["HOSTNAME"] == web.address and web.address.startswith(BLOCK)
+    assert sandbox.environment["PORT"] == str(port(plan, "sandbox", 3000).host) != "3000"
+    assert plugin.launch in (None, ["/.singularity.d/runscript", "node", "dist/main.js", "--port",
+                                    str(port(plan, "plugin", 3000).host)])
+
+
+def test_a_build_argument_naming_a_moved_port_is_rewritten(tmp_path):
+    """`API_URL=http://api:80` is baked into the web image at build time: api moves off port 80, so
+    the argument follows it; an argument naming an unmoved service's port stays as written."""
+    plan = plan_for(tmp_path, """
+        services:
+          api: {image: example/api, command: ["serve", "--port", "80"]}
+          db: {image: postgres:16}
+          web:
+            build: {context: ./web, args: {API_URL: "http://api:80/v1", DB: "db:5432"}}
+    """, files={"web/Dockerfile": "FROM node:20\nARG API_URL\nARG DB\nRUN echo $API_URL $DB > /url\n"})
+    moved = port(plan, "api", 80).host
+    definition = plan.images[plan.service("web").image].text
+    assert f"http://api:{moved}/v1" in definition and "db:5432" in definition and "api:80/" not in definition
+
+
+def test_a_healthcheck_url_on_the_implied_port_follows_the_move(tmp_path):
+    plan = plan_for(tmp_path, """
+        services:
+          web:
+            image: nginx:1.27
+            ports: ["8080:80"]
+            volumes: ["./default.conf:/etc/nginx/conf.d/default.conf:ro"]
+            healthcheck: {test: ["CMD", "wget", "--spider", "http://127.0.0.1/health"]}
+    """, files={"default.conf": "server {\n  listen 80;\n}\n"})
+    web = port(plan, "web", 80)
+    url = plan.service("web").healthcheck["test"][-1]
+    assert web.host != 80 and url.endswith(f":{web.host}/health") and url.startswith(f"http://{BLOCK}.")

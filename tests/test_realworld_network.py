@@ -50,17 +50,24 @@ PROJECTS = {
 }
 
 
-def _load(name: str, tmp_path: Path, dockerfiles=None):
-    """The project, in a copy; ``dockerfiles``: stand-ins to write (path in the project -> text)."""
+def _load(name: str, tmp_path: Path, dockerfiles=None, added=None):
+    """The project, in a copy; ``dockerfiles``: stand-ins to write (path in the project -> text);
+    ``added``: files to write beside its compose files (name -> text), each ``*.yaml`` of them a
+    compose file loaded after the project's own (a fix, as a user adds one)."""
     if not REALWORLD.is_dir():
         pytest.fail(f"{REALWORLD} is missing: ../shared must be beside the repository")
     copy = tmp_path / name
+    if copy.exists():
+        shutil.rmtree(copy)
     shutil.copytree(REALWORLD / name, copy, symlinks=True)
     for path, text in (dockerfiles or {}).items():
         (copy / path).parent.mkdir(parents=True, exist_ok=True)
         (copy / path).write_text(text)
     subdir, files, env = PROJECTS[name]
     cwd = copy / subdir
+    for path, text in (added or {}).items():
+        (cwd / path).write_text(text)
+    files = files + sorted(p for p in (added or {}) if p.endswith(".yaml"))
     options = ProjectOptions(cwd=str(cwd), files=[str(cwd / f) for f in files],
                              environ={"HOME": "/home/user", "USER": "user", **env})
     project = load_project(options)
@@ -84,8 +91,8 @@ def test_realworld_project_plans_soundly_or_is_refused_with_the_fix(name, tmp_pa
     except ComposeError as exc:
         message = str(exc)
         assert "\n" not in message
-        assert "x-compose2sif" in message and ("both listen on port" in message or "cannot move it" in message)
-        return
+        assert "; fix: " in message and ("both listen on port" in message or "cannot move it" in message)
+        return  # test_refusal_fixes applies the fix
     check_plan(plan)
 
 

@@ -7,12 +7,15 @@ service once the plan is decided. Presets (families of projects, such as Dify) c
 """
 from typing import Dict, Iterable, List, Optional, Set
 
-from compose2sif.adapters import dify, llamacpp, mongo, mysql, nginx, postgres, redis, squid, vllm, weaviate
+from compose2sif.adapters import (dify, llamacpp, minio, mongo, mysql, nginx, postgres, postgrest, redis, squid, vllm,
+                                  weaviate)
 from compose2sif.adapters.base import Adapter, Draft, PasswordClient, Preset
+from compose2sif.model import Service
 
 # first match wins: a preset's adapters come before the general ones they refine
 ADAPTERS: List[Adapter] = [*dify.ADAPTERS, postgres.ADAPTER, redis.ADAPTER, mysql.ADAPTER, mongo.ADAPTER,
-                           nginx.ADAPTER, llamacpp.ADAPTER, vllm.ADAPTER, weaviate.ADAPTER, squid.ADAPTER]
+                           nginx.ADAPTER, llamacpp.ADAPTER, vllm.ADAPTER, weaviate.ADAPTER, squid.ADAPTER,
+                           minio.ADAPTER, postgrest.ADAPTER]
 PRESETS: Dict[str, Preset] = {preset.name: preset for preset in (dify.SETUP,)}
 
 
@@ -41,10 +44,16 @@ def preset_secrets(presets: Set[str]) -> Dict[str, str]:
     return {k: v for name in sorted(presets) for k, v in PRESETS[name].secrets.items()}
 
 
-def adapter_for(image: Optional[str], presets: Set[str] = frozenset()) -> Optional[Adapter]:
+def adapter_for(image: Optional[str], presets: Set[str] = frozenset(), service: Optional[Service] = None
+                ) -> Optional[Adapter]:
+    """The adapter of the image's family; else (with ``service``) of the program the project shows
+    the service runs, such as nginx in an image of another name with its config mounted."""
     repo = repository(image)
-    return next((a for a in ADAPTERS if repo and a.matches(repo) and (a.preset is None or a.preset in presets)),
-                None)
+    found = next((a for a in ADAPTERS if repo and a.matches(repo) and (a.preset is None or a.preset in presets)),
+                 None)
+    if found is None and service is not None:
+        found = next((a for a in ADAPTERS if a.preset is None and a.shown_by(service)), None)
+    return found
 
 
 PASSWORD_CLIENTS: Dict[str, PasswordClient] = {c.command: c for a in ADAPTERS for c in a.clients}

@@ -67,6 +67,16 @@ class Adapter:
     def matches(self, repository: str) -> bool:
         return re.search(self.images, repository) is not None
 
+    def shown_by(self, service: Service) -> bool:
+        """Whether the project shows this program in the service whatever its image is called (a
+        config mounted where it reads one, its name in the command)."""
+        return False
+
+    def fix(self, service: Service, port: int) -> Optional[str]:
+        """Where its port cannot move as the service stands: the change that lets it (a line
+        starting `fix:`), or None (the generic hint, naming the variable it reads its port from)."""
+        return None
+
     def configurable(self, service: Service) -> bool:
         """Whether its ``config`` knobs work for this service (a config we render is mounted)."""
         return True

@@ -9,18 +9,41 @@ follows the plan: each ``listen`` gets its port's planned address and port, and 
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from compose2sif.adapters.base import Adapter, Draft
 from compose2sif.errors import ComposeError
 from compose2sif.types import Bind, Knob
 
 
+_LISTEN = re.compile(r"^\s*listen\s+[^;]*\d+[^;]*;", re.MULTILINE)
+_PROGRAM = re.compile(r"(^|[\s/;&|'\"])nginx($|[\s;&|'\"])")
+
+
 class Nginx(Adapter):
     def configurable(self, service) -> bool:
-        return any(m.type == "bind" and m.target.startswith("/etc/nginx") for m in service.mounts)
+        """A config under /etc/nginx, or a bound file with nginx `listen` directives (a template
+        directory the command copies in): either way we render what it listens on."""
+        return any(m.type == "bind" and m.target.startswith("/etc/nginx") for m in service.mounts) or \
+            any(_listens(path) for path, _ in _bound_configs(_binds(service)))
+
+    def fix(self, service, port: int) -> Optional[str]:
+        """nginx reads its ports from its config, never a variable: bind one, and it is rendered."""
+        return (f"fix: bind its config into service {service.name!r} (the image's own is "
+                f"/etc/nginx/conf.d/default.conf, `listen {port};`): add to its volumes "
+                f"`./{service.name}-default.conf:/etc/nginx/conf.d/default.conf:ro`, and compose2sif renders where it "
+                "listens")
+
+    def shown_by(self, service) -> bool:
+        """nginx whatever the image is called: its config mounted under /etc/nginx, `nginx` run by
+        the command or entrypoint, or a bound template directory of nginx `listen` directives."""
+        words = " ".join((service.entrypoint or []) + (service.command or []))
+        return any(m.type == "bind" and m.target.startswith("/etc/nginx") for m in service.mounts) or \
+            _PROGRAM.search(words) is not None or \
+            any(t.endswith(SUFFIX) and _listens(path) for path, t in _bound_configs(_binds(service)))
 
     def render_environment(self, draft: Draft) -> Dict[str, str]:
         """The variables templates are rendered with (the official image: the service's own)."""
@@ -50,6 +73,37 @@ ADAPTER = Nginx(
     writable=("/var/cache/nginx", "/var/run", "/run", "/var/log/nginx", "/var/lib/nginx"),
     workdir="/",  # the image's WORKDIR
 )
+
+
+def _binds(service) -> List[Tuple[str, str]]:
+    return [(m.source, m.target) for m in service.mounts if m.type == "bind" and m.source]
+
+
+def _bound_configs(binds: List[Tuple[str, str]]) -> List[Tuple[str, str]]:
+    """(host path, path in the instance) of the `.conf` and `.template` files these binds bring in."""
+    found: List[Tuple[str, str]] = []
+    for source, target in binds:
+        if os.path.isfile(source):
+            found.append((source, target))
+        elif os.path.isdir(source):
+            try:  # the first 200 names: a bound data directory may hold millions
+                with os.scandir(source) as entries:
+                    names = sorted(e.name for e in itertools.islice(entries, 200))
+            except OSError:
+                continue
+            found += [(os.path.join(source, n), os.path.join(target, n)) for n in names]
+    return [(p, t) for p, t in found if p.endswith((".conf", SUFFIX)) and os.path.isfile(p)]
+
+
+def _listens(path: str) -> bool:
+    try:
+        if os.path.getsize(path) > 256 * 1024:
+            return False
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return _LISTEN.search(fh.read()) is not None
+    except OSError:
+        return False
+
 
 TEMPLATE_DIR = "/etc/nginx/templates"
 OUTPUT_DIR = "/etc/nginx/conf.d"
@@ -132,6 +186,12 @@ def render_configs(draft: Draft, env: Dict[str, str]) -> Tuple[Dict[str, str], L
     warnings: List[str] = []
     kept = []
     for bind in binds:
+        if bind.kind == "bind" and not bind.target.startswith("/etc/nginx"):
+            # a config bound elsewhere that the command copies in: each file with `listen` gets a
+            # rewritten copy bound over it (no envsubst: the command does its own)
+            for path, target in _bound_configs([(bind.source, bind.target)]):
+                if _listens(path):
+                    targets[target] = _render_file(path, draft, env, template=False)
         if bind.kind != "bind" or not bind.target.startswith("/etc/nginx"):
             kept.append(bind)
             continue

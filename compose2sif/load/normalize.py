@@ -59,6 +59,8 @@ def normalize(model: Dict[str, Any], name: str, environment: Dict[str, str]) -> 
         networks.setdefault("default", None)
         model["networks"] = networks
     for sname, service in services.items():
+        if service.get("pull_policy") == "if_not_present":  # compose-go's alias, printed as what it means
+            service["pull_policy"] = "missing"
         build = service.get("build")
         if isinstance(build, dict):
             if build.get("context") is None:

@@ -16,6 +16,13 @@ from compose2sif.types import Bind
 
 STATE = "state"  # relative to the output directory; created private (0700) by run.sh
 _TEXT_LIMIT = 256 * 1024
+# In a bound directory (often a whole project tree), files a server does not read as its settings:
+# compose files, Dockerfiles, documentation and program sources. Ports named there are no evidence,
+# and rewriting them would change code, not settings.
+_NOT_SETTINGS = re.compile(r"^((docker-)?compose([.-][\w.-]+)?\.ya?ml|Dockerfile([.-][\w.-]*)?|[\w.-]+\.dockerfile"
+                           r"|[\w.-]+\.(md|rst|txt|html?|css|s?[ch]|cc|cpp|hpp|go|rs|py|pyi|ipynb|js|mjs|cjs|jsx|tsx?|"
+                           r"java|kt|scala|rb|php|cs|swift|lock|map|svg)|LICENSE[\w.-]*|README[\w.-]*)$",
+                           re.IGNORECASE)
 
 
 def _sanitize(path: str) -> str:
@@ -125,7 +132,7 @@ def bound_texts(bind: Bind) -> List[Tuple[str, str, str]]:
     elif os.path.isdir(bind.source):
         for folder, dirs, names in os.walk(bind.source):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))[:20]
-            for name in sorted(names):
+            for name in sorted(n for n in names if not _NOT_SETTINGS.match(n)):
                 path = os.path.join(folder, name)
                 files.append((path, os.path.join(bind.target, os.path.relpath(path, bind.source))))
                 if len(files) >= 200:

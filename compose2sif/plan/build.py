@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from compose2sif import adapters as image_adapters
 from compose2sif.adapters import Adapter, Draft
 from compose2sif.load import Project
-from compose2sif.model import Service, services as typed_services
+from compose2sif.model import Service, scaled_to_zero, services as typed_services
 from compose2sif.plan import knobs, secrets
 from compose2sif.plan.binds import STATE, rewrite_bound_files, service_binds, texts_of
 from compose2sif.plan.generated import Replacer
-from compose2sif.plan.images import ImageSource, plan_images
+from compose2sif.plan.images import ImageSource, build_args, plan_images
 from compose2sif.plan.knobs import RUNSCRIPT, Found
 from compose2sif.plan.network import (References, ServiceNet, default_port_base, free_address_block, host_port_pairs,
                                       node_listeners, plan_network)
+from compose2sif.plan.pre_start import plan_pre_start
 from compose2sif.plan.types import ImagePlan, Plan, PortPlan, ServicePlan
 from compose2sif.support import unsupported_warnings
 from compose2sif.types import NetworkPlan
@@ -67,9 +68,12 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
     found = discover(project, options)
     network = place(project, found, options)
     refs = References(found.names, network)
+    _rebuild_with_moved_ports(project, found, refs, options)
     configs: Dict[str, str] = {}
     drafts = {name: draft(name, project, found, network, refs, configs, options) for name in found.services}
-    return assemble(project, found, network, drafts, configs, options)
+    plan = assemble(project, found, network, drafts, configs, options)
+    plan_pre_start(plan, found.services, found.images, refs, options.secrets)
+    return plan
 
 
 # ---- discover ----------------------------------------------------------------------------------
@@ -77,6 +81,8 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
 def discover(project: Project, options: PlanOptions) -> Discovery:
     services = typed_services(project)
     warnings: List[str] = list(project.warnings) + (options.secrets.notes if options.secrets else [])
+    warnings += [f"service {name!r}: scaled to zero (deploy.replicas: 0 or scale: 0); not started, as under Compose"
+                 for name, config in project.config["services"].items() if scaled_to_zero(config)]
     images = plan_images(list(services.values()), project.working_dir, options.registry_mirror, options.image_sources,
                          options.image_configs)
     image_of = {name: key for key, source in images.items() for name in source.services}
@@ -84,16 +90,18 @@ def discover(project: Project, options: PlanOptions) -> Discovery:
         warnings.extend(source.warnings)
     presets = options.presets if options.presets is not None else \
         image_adapters.presets_for(s.image for s in services.values())
-    adapters = {name: image_adapters.adapter_for(s.image, presets) for name, s in services.items()}
+    adapters = {name: image_adapters.adapter_for(s.image, presets, s) for name, s in services.items()}
     names = {name: list(dict.fromkeys(n for n in [name, s.container_name, s.hostname, *s.aliases] if n))
              for name, s in services.items()}
     launches = {name: _launch(s) for name, s in services.items()}
-    found = _evidence(services, adapters, names, launches)
+    runs = {name: launches[name] or _built_launch(_image_cmd(s, images[image_of[name]], options))
+            for name, s in services.items()}
+    found = _evidence(services, adapters, names, runs, options.image_configs)
     nets: Dict[str, ServiceNet] = {}
     for name, service in services.items():
         config = options.image_configs.get(service.image or "")
         exposed = list(images[image_of[name]].exposed) + (list(config.exposed) if config else [])
-        nets[name] = knobs.service_net(service, adapters[name], launches[name], exposed, found[name], names[name])
+        nets[name] = knobs.service_net(service, adapters[name], runs[name], exposed, found[name], names[name])
     model_servers = {name: a.family for name, a in adapters.items() if a is not None and a.model_server}
     return Discovery(services, images, image_of, presets, adapters, model_servers, names, launches, nets, warnings)
 
@@ -107,16 +115,33 @@ def _launch(service: Service) -> Optional[List[str]]:
     return None
 
 
+def _image_cmd(service: Service, source: ImageSource, options: PlanOptions) -> Optional[List[str]]:
+    """The image's CMD where known: its Dockerfile's (built here), or its registry configuration's."""
+    config = options.image_configs.get(service.image or "") if source.kind != "build" else None
+    return source.cmd if source.kind == "build" else (list(config.cmd) if config and config.cmd else None)
+
+
+def _built_launch(cmd: Optional[List[str]]) -> Optional[List[str]]:
+    """What an image runs without a command: its runscript given the image's CMD, as it would be
+    without arguments. Where that CMD says `--port 9000`, the planner sees it and can tell it
+    another (the launch then says it, else it stays the image's own)."""
+    return [RUNSCRIPT, *cmd] if cmd else None
+
+
 def _evidence(services: Dict[str, Service], adapters: Dict[str, Optional[Adapter]], names: Dict[str, List[str]],
-              launches: Dict[str, Optional[List[str]]]) -> Dict[str, Found]:
-    """Where each service listens, as its own settings and its clients say."""
+              launches: Dict[str, Optional[List[str]]], image_configs: Dict[str, Any]) -> Dict[str, Found]:
+    """Where each service listens, as its own settings, its image's ENV and its clients say. The
+    image's ENV (`PORT=3000`, `HOSTNAME=0.0.0.0`) is what its author set for the program to read."""
     peers = {n.lower() for ns in names.values() for n in ns}
+    shared = _shared_settings(services)
     found: Dict[str, Found] = {}
     for name, service in services.items():
         found[name] = Found()
         adapter = adapters[name]
-        knobs.from_environment(service.environment, peers - {n.lower() for n in names[name]}, found[name],
-                               knobs.read_by(adapter.address, adapter.ports) if adapter else None)
+        config = image_configs.get(service.image or "")
+        environment = {**(config.env if config else {}), **service.environment}
+        knobs.from_environment(environment, peers - {n.lower() for n in names[name]}, found[name],
+                               knobs.read_by(adapter.address, adapter.ports) if adapter else None, shared)
         if launches[name] is not None:
             knobs.from_argv(launches[name], found[name])
         if service.healthcheck is not None:
@@ -124,7 +149,9 @@ def _evidence(services: Dict[str, Service], adapters: Dict[str, Optional[Adapter
     finder = References(names)
     for name, service in services.items():  # what clients say: `db:5432`, `http://web/`, DB_HOST + DB_PORT
         pairs = [(host, port) for _, host, port in host_port_pairs(service.environment)]
-        for server, port in [r for _, text in texts_of(service) for r in finder.references(text)] + \
+        texts = [text for _, text in texts_of(service)]
+        local = set().union(*(image_adapters.names_not_hosts(text) for text in texts))
+        for server, port in [r for text in texts for r in finder.references(text, local)] + \
                 [(finder.service_of[h], p) for h, p in pairs if h in finder.service_of]:
             found[server].saw(port, "own settings" if server == name else f"referenced by {name}")
         for key, value in service.environment.items():  # CACHE_HOST=cache: a client on cache's default port
@@ -134,6 +161,48 @@ def _evidence(services: Dict[str, Service], adapters: Dict[str, Optional[Adapter
                     for port in adapters[server].ports:
                         found[server].saw(port, f"named by {name} ({key})")
     return found
+
+
+_SETTINGS_FILE = 10  # services with this many settings alike got them from one file (an env_file, an anchor)
+
+
+def _shared_settings(services: Dict[str, Service]) -> Set[str]:
+    """The variables a project hands many programs at once, through one env_file or YAML anchor:
+    such a file carries every program's settings, so none of them says what one program reads.
+    Services of one image (an api and its worker) share settings because they are one program."""
+    settings = {name: {(k, v) for k, v in s.environment.items() if isinstance(v, str)} for name, s in services.items()}
+    names = sorted(settings)
+    shared: Set[str] = set()
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if _program(services[a]) == _program(services[b]):
+                continue
+            alike = settings[a] & settings[b]
+            if len(alike) >= _SETTINGS_FILE:
+                shared |= {k for k, _ in alike}
+    return shared
+
+
+def _program(service: Service) -> Any:
+    build = service.raw.get("build")
+    return service.image if not build else repr(build)
+
+
+def _rebuild_with_moved_ports(project: Project, found: Discovery, refs: References, options: PlanOptions) -> None:
+    """A build argument that names another service's port that moved (`API_URL=http://api:80`, baked
+    into the image) is rewritten like the service's settings, and its image planned again."""
+    changed = False
+    services = dict(found.services)
+    for name, service in found.services.items():
+        args = build_args(service) if isinstance(service.build, dict) else {}
+        rewritten = {k: refs.rewrite(v) if v is not None else v for k, v in args.items()}
+        if rewritten != args:
+            services[name] = replace(service, build={**service.build, "args": rewritten})
+            changed = True
+    if changed:
+        found.images = plan_images(list(services.values()), project.working_dir, options.registry_mirror,
+                                   options.image_sources, options.image_configs)
+        found.image_of = {name: key for key, source in found.images.items() for name in source.services}
 
 
 # ---- place -------------------------------------------------------------------------------------
@@ -163,7 +232,8 @@ def draft(name: str, project: Project, found: Discovery, network: NetworkPlan, r
                    launch=found.launches[name], healthcheck=test, binds=binds, configs=configs, refs=refs,
                    tls=options.tls, ssrf_allow=list(options.ssrf_allow), model_servers=found.model_servers,
                    warnings=_unsupported_warnings(service) + bind_warnings)
-    knobs.tell(result, found.nets[name], adapter)
+    knobs.tell(result, found.nets[name], adapter,
+               _built_launch(_image_cmd(service, found.images[found.image_of[name]], options)))
     result.environment = {k: v for k, v in refs.rewrite_environment(result.environment, name).items()
                           if v is not None}
     if result.launch is not None:
@@ -280,7 +350,8 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
         if not tls_ports:
             warnings.append(f"--tls: no {' or '.join(image_adapters.tls_families())} service to serve HTTPS; "
                             "nothing was changed")
-    images = {k: ImagePlan(s.kind, s.ref, s.services, f"definitions/{k}.def", f"sif/{k}.sif", s.digest, s.definition)
+    images = {k: ImagePlan(s.kind, s.ref, s.services, f"definitions/{k}.def", f"sif/{k}.sif", s.digest, s.definition,
+                           [f"{name} pre_start[{i}]" for name, i in s.steps])
               for k, s in found.images.items()}
     return Plan(project=project.name, compose_files=project.files, state_dir=STATE,
                 address_block=network.address_block, port_base=network.port_base,
@@ -317,11 +388,36 @@ def _levels(services: Dict[str, Service]) -> Dict[str, int]:
     return levels
 
 
+# `sh -c _WITH_BASH compose2sif-env N NAME=VALUE... RUNSCRIPT ARGS...`: runs `env -- NAME=VALUE...
+# bash RUNSCRIPT ARGS...` (without bash in the image, `env -- NAME=VALUE... RUNSCRIPT ARGS...`). The
+# runscript is an sh script, and dash, Debian's sh, drops variables whose names are not shell names
+# before it execs the program; bash passes them on. The values stay data: positional arguments.
+_WITH_BASH = ('n=$1; shift; b=; command -v bash >/dev/null 2>&1 && b=bash; i=0; c=$#; '
+              'while [ "$i" -lt "$c" ]; do a=$1; shift; set -- "$@" "$a"; i=$((i + 1)); '
+              'if [ "$i" -eq "$n" ] && [ -n "$b" ]; then set -- "$@" "$b"; fi; done; exec env -- "$@"')
+
+
 def _env_file_environment(result: Draft) -> Dict[str, str]:
-    """The environment less the names an --env-file cannot carry (each warned about)."""
-    for key in sorted(k for k in result.environment if not _VALID_NAME.match(k)):
-        result.warnings.append(f"service {result.name!r}: environment variable {key!r} is not a valid shell name "
-                               "and cannot be passed through --env-file; skipped")
+    """The environment an --env-file can carry. The other names (`discovery.type`, which programs
+    read as settings) reach the program through `env NAME=VALUE` in front of its launch line, each
+    one word, quoted as data like the rest of the argv; only a name holding `=` cannot."""
+    others = sorted(k for k in result.environment if not _VALID_NAME.match(k))
+    carried = [f"{k}={result.environment[k]}" for k in others if k and "=" not in k and "\0" not in k]
+    for key in others:
+        if not key or "=" in key or "\0" in key:
+            result.warnings.append(f"service {result.name!r}: environment variable {key!r} cannot be passed to a "
+                                   "program (its name holds `=`); skipped")
+    for key in others:
+        if re.search(r"pass(word|wd)?|secret|token|api.?key", key, re.IGNORECASE):
+            result.warnings.append(f"service {result.name!r}: environment variable {key!r} is not a shell name, so it "
+                                   "reaches the program on `env`'s command line, which every user of the node can "
+                                   "read with `ps` while it starts")
+    if carried:
+        launch = result.launch or [RUNSCRIPT]
+        if launch[0] == RUNSCRIPT:  # run by bash where the image has it: its sh (dash) drops such names
+            result.launch = ["/bin/sh", "-c", _WITH_BASH, "compose2sif-env", str(len(carried)), *carried, *launch]
+        else:
+            result.launch = ["env", "--", *carried, *launch]
     return {k: v for k, v in result.environment.items() if _VALID_NAME.match(k)}
 
 

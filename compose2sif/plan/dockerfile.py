@@ -108,6 +108,7 @@ class ConvertedDockerfile:
     user: Optional[str]
     warnings: List[str]
     volumes: List[str] = field(default_factory=list)
+    cmd: Optional[List[str]] = None   # the final stage's CMD in exec form (the runscript's default arguments)
 
 
 @dataclass
@@ -494,7 +495,7 @@ def convert(dockerfile: str, context: str, build_args: Dict[str, Optional[str]],
             stage.base = header_value(image_ref(stage.base), f"{where}: FROM image")
     return ConvertedDockerfile(definition=_render(needed, final), workdir=final.workdir,
                                exposed=final.exposed, user=final.user, warnings=converter.warnings,
-                               volumes=final.volumes)
+                               volumes=final.volumes, cmd=None if final.cmd_shell else final.cmd)
 
 
 def _needed_stages(stages: List[Stage], final: Stage) -> List[Stage]:

@@ -44,7 +44,9 @@ class ImageSource:
     workdir: Optional[str] = None  # known from a Dockerfile
     exposed: List[int] = field(default_factory=list)
     volumes: List[str] = field(default_factory=list)  # the Dockerfile's VOLUMEs
+    cmd: Optional[List[str]] = None  # the Dockerfile's CMD in exec form
     warnings: List[str] = field(default_factory=list)
+    steps: List[Tuple[str, int]] = field(default_factory=list)  # (service, index) of the pre_start steps it runs
 
     @property
     def digest(self) -> str:
@@ -100,7 +102,11 @@ def source_override(service: Service, cli_sources: Dict[str, str]) -> Optional[D
     if not isinstance(hint, dict) or len(hint) != 1 or next(iter(hint)) not in SOURCE_KINDS:
         raise ComposeError(f"must be a mapping with one of {', '.join(SOURCE_KINDS)}",
                            path=f"services.{service.name}.x-compose2sif.image")
-    return {str(k): str(v) for k, v in hint.items()}
+    kind, value = next(iter(hint.items()))
+    if not isinstance(value, str) or not value.strip():  # not str(): `docker: null` is no image named None
+        raise ComposeError(f"{value!r}: expected {'an image reference' if kind == 'docker' else 'a path'}",
+                           path=f"services.{service.name}.x-compose2sif.image.{kind}")
+    return {kind: value}
 
 
 def _checked(value: Any, path: str) -> str:
@@ -263,6 +269,15 @@ def plan_images(services: List[Service], working_dir: str, mirror: Optional[str]
 
     for service in services:
         plan_service(service)
+    for service in services:  # a pre_start step runs its service's image, or another one pulled or built like it
+        for index, step in enumerate(service.pre_start):
+            if step.image is None or (service.image and _image_name(step.image) == _image_name(service.image)):
+                source = planned[service.name]
+            elif _image_name(step.image) in builders:
+                source = plan_service(builders[_image_name(step.image)])
+            else:
+                source = pulled(step.image, f"services.{service.name}.pre_start[{index}].image")
+            source.steps.append((service.name, index))
     return sources
 
 
@@ -311,5 +326,6 @@ def _build(service: Service, working_dir: str, mirror: Optional[str], local_imag
             warnings.append(f"service {service.name!r}: the Dockerfile's USER {converted.user} is ignored; "
                             "Apptainer runs the service as you")
         return ImageSource(key, "build", context, definition, workdir=converted.workdir,
-                           exposed=converted.exposed, volumes=converted.volumes, warnings=warnings)
+                           exposed=converted.exposed, volumes=converted.volumes, warnings=warnings,
+                           cmd=converted.cmd)
     return identity, make

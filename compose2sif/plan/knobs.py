@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from compose2sif.adapters import Adapter, Draft
 from compose2sif.errors import ComposeError
 from compose2sif.model import Service
-from compose2sif.plan.network import IMAGE_DEFAULT, IMAGE_EXPOSE, Listen, ServiceNet, strong
+from compose2sif.plan.network import DECLARED, IMAGE_DEFAULT, IMAGE_EXPOSE, Listen, ServiceNet, proves_listener, strong
 from compose2sif.types import WILDCARDS, Knob
 
 RUNSCRIPT = "/.singularity.d/runscript"
@@ -64,17 +64,19 @@ def read_by(address: Optional[Knob], ports: Dict[int, Knob]) -> Set[str]:
 
 
 def from_environment(env: Dict[str, Optional[str]], peers: set, found: Found,
-                     reads: Optional[Set[str]] = None) -> None:
+                     reads: Optional[Set[str]] = None, shared: Set[str] = frozenset()) -> None:
     """`HOST=0.0.0.0`, `BIND_ADDRESS=0.0.0.0:8000`, `LISTEN_ADDR=:9000`, `PORT=8000`, `HTTP_PORT=3000`.
     ``peers``: lower-case names of the project's services (a `DB_PORT` beside service `db` is a client's).
     ``reads``: where the image's adapter says which variables it reads (``read_by``), only those are
     knobs. A variable that reaches many services through one shared env_file (a project-wide
-    BIND_ADDRESS) is not every one's listen setting."""
+    BIND_ADDRESS, ``shared``) is not every one's listen setting: only the adapter can say a
+    program reads it; otherwise it is neither evidence nor a knob, and the service listens where
+    it does (on all addresses, which the plan then says)."""
     for key in sorted(env):
         value = env[key]
         if not isinstance(value, str):
             continue
-        if reads is not None and key not in reads:
+        if reads is not None and key not in reads or reads is None and key in shared:
             continue
         if _ADDRESS_ENV.search(key):
             match = _address_value(value)
@@ -156,7 +158,24 @@ def set_flag(argv: List[str], flag: str, value: str, append: bool = False) -> Li
             if arg == flag and i + 1 < len(out):
                 out[i + 1] = value
                 return out
-    return out + [flag, value]
+    at = _options_end(out)
+    return out[:at] + [flag, value] + out[at:]
+
+
+def _options_end(argv: List[str]) -> int:
+    """Where a new option goes: after the options already there (and their values), before the
+    positional arguments after them (`server --console-address :9090 /data`: before `/data`, where
+    many programs stop parsing options). Without options: before the paths after the first
+    argument (`server /data`), else at the end (`node server.js`: the script comes first)."""
+    options = [i for i, arg in enumerate(argv) if i > 0 and arg.startswith("-") and arg not in ("-", "--")]
+    if options:
+        last = options[-1]
+        takes_value = "=" not in argv[last] and last + 1 < len(argv) and not argv[last + 1].startswith("-")
+        return last + 2 if takes_value else last + 1
+    for i in range(2, len(argv)):
+        if argv[i].startswith(("/", "./", "../", "~")):
+            return i
+    return len(argv)
 
 
 def apply_argv_edits(argv: List[str], edits: List[Tuple[Tuple[int, int, int], str]]) -> List[str]:
@@ -186,17 +205,28 @@ def _hint_knob(spec: Any, what: str, path: str) -> Optional[Knob]:
     """{env: NAME[, template: ...]}, {flag: --name} or {fixed: true} (None: known, cannot be told)."""
     if isinstance(spec, dict) and spec.get("fixed") is True and len(spec) == 1:
         return None
-    if isinstance(spec, dict) and isinstance(spec.get("env"), str) and spec["env"]:
+    if isinstance(spec, dict) and (isinstance(spec.get("env"), str) and spec["env"] or
+                                   isinstance(spec.get("flag"), str) and spec["flag"].startswith("-")):
         template = spec.get("template", "{%s}" % what)
         try:  # tell() fills it with these three
             str(template).format(address="", port=0, value="")
         except (ValueError, KeyError, IndexError, AttributeError, TypeError) as exc:
             raise ComposeError(f"template {template!r}: not a template of {{address}}, {{port}} and {{value}} "
                                f"({exc})", path=f"{path}.template") from None
-        return Knob("env", spec["env"], str(template))
-    if isinstance(spec, dict) and isinstance(spec.get("flag"), str) and spec["flag"].startswith("-"):
-        return Knob("flag", spec["flag"], "{%s}" % what)
+        if isinstance(spec.get("env"), str) and spec["env"]:
+            return Knob("env", spec["env"], str(template))
+        return Knob("flag", spec["flag"], str(template))
     raise ComposeError(f"expected {{env: NAME}}, {{flag: --name}} or {{fixed: true}}, not {spec!r}", path=path)
+
+
+def _shaped(knob: Optional[Knob], env: Dict[str, Optional[str]]) -> Optional[Knob]:
+    """A port variable that holds `:9000` or `host:9000` keeps that shape: only its port changes."""
+    value = env.get(knob.name) if knob is not None and knob.kind == "env" and knob.template == "{port}" else None
+    match = re.fullmatch(r"(.*):(\d{1,5})", value) if isinstance(value, str) else None
+    if match is None:
+        return knob
+    host = match.group(1).replace("{", "{{").replace("}", "}}")
+    return Knob("env", knob.name, host + ":{port}")
 
 
 def service_net(service: Service, adapter: Optional[Adapter], launch: Optional[List[str]], exposed: List[int],
@@ -228,7 +258,7 @@ def service_net(service: Service, adapter: Optional[Adapter], launch: Optional[L
     for key, spec in hinted.items():
         if not (isinstance(key, str) and key.isascii() and key.isdigit() and 0 < int(key) < 65536):
             raise ComposeError(f"{key!r} is not a port number", path=f"{path}.ports")
-        knob = _hint_knob(spec, "port", f"{path}.ports.{key}")
+        knob = _shaped(_hint_knob(spec, "port", f"{path}.ports.{key}"), service.environment)
         saw(int(key), "x-compose2sif")
         if knob is None:
             fixed.add(int(key))
@@ -264,6 +294,12 @@ def service_net(service: Service, adapter: Optional[Adapter], launch: Optional[L
         listen.evidence = where
         listen.knob = None if port in fixed else usable(port_knobs.get(port))
         listen.weak = not strong(where)
+    # A published port says where clients go, not that the program opens it: where the service's
+    # own settings or its clients show the ports it listens on, one only published is not refused.
+    if any(proves_listener(e) for listen in listens.values() for e in listen.evidence):
+        for listen in listens.values():
+            if all(e in DECLARED for e in listen.evidence):
+                listen.weak = True
     address_hint = hinted_all.get("bind_address")
     if address_hint is not None:
         address_knobs = [_hint_knob(address_hint, "address", f"{path}.bind_address")]
@@ -274,20 +310,40 @@ def service_net(service: Service, adapter: Optional[Adapter], launch: Optional[L
         if adapter is not None and adapter.address is not None and \
                 all(k.name != adapter.address.name for k in address_knobs):
             address_knobs.append(adapter.address)
+    fixes = {port: adapter.fix(service, port) for port, listen in listens.items()
+             if adapter is not None and listen.knob is None and port in adapter.ports and port not in fixed}
     return ServiceNet(service.name, names, listens, [k for k in map(usable, address_knobs) if k is not None],
-                      per_port_address=bool(adapter and adapter.per_port_address))
+                      per_port_address=bool(adapter and adapter.per_port_address),
+                      fixes={port: text for port, text in fixes.items() if text})
 
 
-def tell(draft: Draft, net: ServiceNet, adapter: Optional[Adapter]) -> None:
-    """Set the knobs: the service's address (unless it listens on all), and each moved port."""
+def _port_in(knob: Knob, draft: Draft, launch: Optional[List[str]]) -> str:
+    """The port an address setting holds now (`LISTEN_ADDR=0.0.0.0:8888`), kept when only the
+    address is told: a port the plan does not know of is not the planner's to drop."""
+    if knob.kind == "env":
+        value = draft.environment.get(knob.name) or ""
+    elif knob.kind == "argv" and launch is not None and knob.where is not None:
+        index, start, end = knob.where
+        value = launch[index][start:end]
+    else:
+        value = ""
+    match = re.search(r":(\d{1,5})$", value)
+    return match.group(1) if match else ""
+
+
+def tell(draft: Draft, net: ServiceNet, adapter: Optional[Adapter], built: Optional[List[str]] = None) -> None:
+    """Set the knobs: the service's address (unless it listens on all), and each moved port.
+    ``built``: the image's own launch (its CMD), where knobs were seen when compose sets no command."""
     values: List[Tuple[Knob, Dict[str, Any]]] = []   # knob, {address, port, value}
     if draft.address not in WILDCARDS:
         for knob in net.address_knobs:
-            port = next((e.host for e in draft.endpoints.values() if net.listens[e.container].knob == knob), "")
+            port = next((e.host for e in draft.endpoints.values() if net.listens[e.container].knob == knob),
+                        _port_in(knob, draft, draft.launch or built))
             values.append((knob, {"address": draft.address, "port": port, "value": draft.address}))
+    told = {knob for knob, _ in values}
     for endpoint in draft.endpoints.values():
         knob = net.listens[endpoint.container].knob
-        if endpoint.moved and knob is not None and knob not in net.address_knobs:
+        if endpoint.moved and knob is not None and knob not in told:  # an address knob too: `--address :9001`
             values.append((knob, {"address": endpoint.address, "port": endpoint.host, "value": endpoint.host}))
     edits, flags = [], []
     for knob, value in values:
@@ -299,9 +355,9 @@ def tell(draft: Draft, net: ServiceNet, adapter: Optional[Adapter]) -> None:
         elif knob.kind == "flag":
             flags.append((knob, text))
     if edits:
-        draft.launch = apply_argv_edits(draft.launch, edits)
+        draft.launch = apply_argv_edits(draft.launch or built, edits)
     if flags:
         if draft.launch is None:
-            draft.launch = [RUNSCRIPT, *adapter.default_command]
+            draft.launch = built or [RUNSCRIPT, *adapter.default_command]
         for knob, text in flags:
             draft.launch = set_flag(draft.launch, knob.name, text, knob.append)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from compose2sif import adapters
@@ -124,6 +124,7 @@ class ServiceNet:
     listens: Dict[int, Listen]
     address_knobs: List[Knob]         # empty: it cannot be told an address and listens on all of them
     per_port_address: bool = False    # each port can listen on an address of its own (a config's `listen`)
+    fixes: Dict[int, str] = field(default_factory=dict)  # port -> the fix its adapter knows, where it cannot move
 
 
 def _port_variable(evidence: str) -> bool:
@@ -142,19 +143,36 @@ def _exposed_only(listen: Listen) -> bool:
     return bool(listen.evidence) and all(e in (IMAGE_EXPOSE, "expose") for e in listen.evidence)
 
 
-def _proves_listener(evidence: str) -> bool:
+def proves_listener(evidence: str) -> bool:
     """What `up` may hold a service to: not the image's defaults, not a declaration (`ports`,
     `expose`: Docker publishes ports nobody opens, too), not a `FOO_PORT` variable."""
     return evidence not in OPTIONAL_EVIDENCE + DECLARED and not _port_variable(evidence)
 
 
-def _hint_for(service: str, port: int, address: bool) -> str:
-    ports = f'x-compose2sif: {{ports: {{"{port}": {{env: VAR}}}}}}'
-    text = (f"add to service {service!r} `{ports}` naming the variable it reads its port from "
-            f"(or `{{flag: --its-port-option}}`)")
-    if address:
-        text += ", or `x-compose2sif: {bind_address: {env: VAR}}` naming the variable it reads its listen address from"
-    return text
+_VAR = ("VAR being the variable it reads its port from (for a flag: `{flag: --name}`, with "
+        "`template: \"{address}:{port}\"` where it takes host:port)")
+
+
+def _hint_for(s: "ServiceNet", port: int) -> str:
+    """The fix for a port that cannot move: what the service's program shows (its adapter's), else
+    the hint that names the variable (or flag) it reads its port from. Moving the port is the fix
+    that always works; an address alone does not part two services from a third on 0.0.0.0."""
+    return _fixes([(s, port)])
+
+
+def _fixes(refused: List[Tuple["ServiceNet", int]]) -> str:
+    """One fix for every port refused: each service's ports in one hint, its adapter's fix as given."""
+    by_service: Dict[str, List[int]] = {}
+    known: List[str] = []
+    for s, port in refused:
+        if port in s.fixes:
+            known.append(s.fixes[port].removeprefix("fix: "))
+        else:
+            by_service.setdefault(s.name, []).append(port)
+    hints = ["add to service %r `x-compose2sif: {ports: {%s}}`" % (name, ", ".join(
+        f'"{port}": {{env: VAR}}' for port in sorted(set(ports)))) for name, ports in by_service.items()]
+    parts = list(dict.fromkeys(known + hints))
+    return "fix: " + "; ".join(parts) + (f", {_VAR}" if hints else "")
 
 
 def _evidence(listen: Listen) -> str:
@@ -183,6 +201,7 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
 
     # Where each port wants to be, before clashes: its own port, or the published one.
     wanted: List[Tuple[ServiceNet, Listen, str, int, str]] = []   # (service, listen, address, port, why it moved)
+    refusals: List[Tuple[ServiceNet, int, str]] = []               # (service, port, why): refused all at once
     for s in sorted(services, key=lambda s: s.name):
         for port, listen in sorted(s.listens.items()):
             where = ((listen.host_ip or WILDCARD) if listen.published is not None and s.per_port_address
@@ -195,16 +214,16 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
                 else:
                     warnings.append(f"service {s.name!r}: port {port} is published as {number}, but compose2sif "
                                     f"cannot tell it another port; it is served on {where}:{port} "
-                                    f"({_hint_for(s.name, port, False)})")
+                                    f"({_hint_for(s, port)})")
             if host < 1024:
                 if listen.knob is None:
-                    message = (f"service {s.name!r} listens on port {host} (seen in: {_evidence(listen)}), which an "
-                               f"unprivileged user cannot bind, and compose2sif cannot move it: "
-                               f"{_hint_for(s.name, port, False)}")
+                    why = (f"service {s.name!r} listens on port {host} (seen in: {_evidence(listen)}), which an "
+                           f"unprivileged user cannot bind, and compose2sif cannot move it")
                     if listen.weak:
-                        warnings.append(message)
-                        continue
-                    raise ComposeError(message, path=f"services.{s.name}")
+                        warnings.append(f"{why}; {_hint_for(s, port)}")
+                    else:
+                        refusals.append((s, port, why))
+                    continue
                 host, why = -1, f"{host} is privileged"
             wanted.append((s, listen, where, host, why))
 
@@ -229,7 +248,7 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
         taken.append(((where, host), s.name, listen))
         endpoints[s.name][listen.port] = Endpoint(
             listen.port, host, where, listen.published is not None, listen.knob, list(listen.evidence),
-            required=any(_proves_listener(e) for e in listen.evidence))
+            required=any(proves_listener(e) for e in listen.evidence))
 
     for s, listen, where, host, why in [w for w in wanted if w[1].knob is None]:
         other = clash((where, host))
@@ -237,20 +256,26 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
             other = None  # an EXPOSE or `expose:` port may never be opened: it refuses nothing (run.sh ignores it)
         if other is not None:
             svc, theirs = other
-            message = (f"services {svc!r} and {s.name!r} both listen on port {host} "
-                       f"({svc}: {_evidence(theirs)}; {s.name}: {_evidence(listen)})"
-                       + (" on all interfaces" if WILDCARD in (where, address.get(svc)) else "")
-                       + f" and neither can be moved: {_hint_for(s.name, listen.port, where == WILDCARD)}")
+            why = (f"services {svc!r} and {s.name!r} both listen on port {host} "
+                   f"({svc}: {_evidence(theirs)}; {s.name}: {_evidence(listen)})"
+                   + (" on all interfaces" if WILDCARD in (where, address.get(svc)) else "")
+                   + " and neither can be moved")
             if listen.weak or theirs.weak:
-                warnings.append(message)
+                warnings.append(f"{why}; {_hint_for(s, listen.port)}")
             else:
-                raise ComposeError(message, path=f"services.{s.name}")
+                refusals.append((s, listen.port, why))
         holder = next((b for b in busy if overlaps(b, (where, host))), None)
         if holder is not None:
             warnings.append(f"service {s.name!r}: {where}:{host} is taken on this node now (by a listener on "
                             f"{holder[0]}:{holder[1]}); `up` will fail unless it is free then "
-                            f"({_hint_for(s.name, listen.port, where == WILDCARD)})")
+                            f"({_hint_for(s, listen.port)})")
         record(s, listen, where, host)
+
+    if refusals:
+        first = refusals[0][2]
+        more = [f"{s.name!r} on port {port}" for s, port, _ in refusals[1:]]
+        raise ComposeError(first + (f" (the same for {', '.join(more)})" if more else "") + "; "
+                           + _fixes([(s, port) for s, port, _ in refusals]), path=f"services.{refusals[0][0].name}")
 
     for s, listen, where, host, why in [w for w in wanted if w[1].knob is not None]:
         if host != -1:
@@ -308,7 +333,9 @@ class References:
                     self.moved.setdefault(service, {})[port] = endpoint.host
         aliases = sorted(self.service_of, key=len, reverse=True)
         alternatives = "|".join(re.escape(n) for n in aliases)
-        self._named = re.compile(r"(?<![\w.-])(" + alternatives + r"):(\d{1,5})(?!\d)") if aliases else None
+        # `name:port`, but not an image's `repo/name:8.13.2` (a tag: a path word before it, a dot after)
+        self._named = re.compile(r"(?<![\w.-])(?<!(?<![/:])/)(" + alternatives + r"):(\d{1,5})(?![\d.]*[\w-])(?!\.\d)")\
+            if aliases else None
         self._bare = re.compile(r"\b(https?|wss?)://((?:[^\s/@'\"]*@)?)(" + alternatives + r")(?=[/\s'\";]|$)") \
             if aliases else None
 
@@ -316,11 +343,12 @@ class References:
         service = self.service_of.get(name)
         return self.moved.get(service or "", {}).get(port)
 
-    def references(self, text: str) -> List[Tuple[str, int]]:
-        """(service, port) of every ``name:port`` and bare ``http://name`` in the text."""
+    def references(self, text: str, local: Set[str] = frozenset()) -> List[Tuple[str, int]]:
+        """(service, port) of every ``name:port`` and bare ``http://name`` in the text; ``local``:
+        names the service's other config files define for themselves (an upstream block)."""
         found = []
         if self._named is not None:
-            local = adapters.names_not_hosts(text)
+            local = set(local) | adapters.names_not_hosts(text)
             found += [(self.service_of[m.group(1)], int(m.group(2))) for m in self._named.finditer(text)]
             found += [(self.service_of[m.group(3)], _SCHEME_PORTS[m.group(1)]) for m in self._bare.finditer(text)
                       if m.group(3) not in local]
@@ -345,6 +373,13 @@ class References:
                     return m.group(0)
                 return f"{host_for(m.group(1))}:{endpoint.host}"
             text = re.sub(r"(?<![\w.-])(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):(\d{1,5})(?!\d)", own, text)
+
+            def implied(m: "re.Match[str]") -> str:  # `http://127.0.0.1/health`: its port 80, which moved
+                endpoint = endpoints.get(_SCHEME_PORTS[m.group(1)])
+                if endpoint is None or not endpoint.moved:
+                    return m.group(0)
+                return f"{m.group(1)}://{host_for(m.group(2))}:{endpoint.host}"
+            text = re.sub(r"\b(https?|wss?)://(localhost|127\.0\.0\.1|\[::1\])(?=[/\s'\"]|$)", implied, text)
             if own_host and address not in WILDCARDS:
                 text = re.sub(r"(?<![\w.-])(localhost|127\.0\.0\.1)(?![\w.:-])", address, text)
         return text

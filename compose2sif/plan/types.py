@@ -20,6 +20,19 @@ class PortPlan:
 
 
 @dataclass
+class PreStartPlan:
+    """One pre_start step as run.sh runs it: `exec` of its image's SIF with its own env file (the
+    service's environment and the step's, C2S_LAUNCH its command), the service's binds and flags."""
+    index: int
+    image: str                        # image key: sif/<image>.sif
+    env_file: str                     # env/<service>.pre_start.<index>.env
+    environment: Dict[str, str]
+    launch: Optional[List[str]]       # argv; None: the image's ENTRYPOINT+CMD
+    workdir: Optional[str]
+    fingerprint: str                  # of everything the step is: run again when it changes
+
+
+@dataclass
 class ServicePlan:
     name: str
     instance: str
@@ -47,6 +60,7 @@ class ServicePlan:
     fakeroot: Optional[Dict[str, Any]] = None  # {"ids": N, "without": line}: --fakeroot where ids 0..N map
     warnings: List[str] = field(default_factory=list)
     probe_environment: Dict[str, str] = field(default_factory=dict)  # added for the healthcheck (a password)
+    pre_start: List[PreStartPlan] = field(default_factory=list)      # run in order before its first start
 
 
 @dataclass
@@ -58,6 +72,7 @@ class ImagePlan:
     sif: str                          # sif/<key>.sif
     digest: str                       # of the definition's text
     text: str = ""                    # the definition
+    steps: List[str] = field(default_factory=list)  # the pre_start steps it runs: "SERVICE pre_start[I]"
 
 
 @dataclass
@@ -90,4 +105,6 @@ class Plan:
         for service in data["services"]:
             service["environment"] = sorted(service["environment"])
             service.pop("probe_environment")
+            for step in service["pre_start"]:
+                step["environment"] = sorted(step["environment"])
         return data

@@ -37,6 +37,7 @@ cmd_down() {
     fi
     # anonymous volumes are renewed after `down`, as a later `up` of Docker Compose makes new containers
     rm_inside "$STATE/anonymous"
+    rm_inside "$STATE/pre_start"  # and pre_start steps run again, for the new containers (run/lib/pre_start.sh)
     if [ "$volumes" = 1 ]; then
         note "removing volumes in $STATE/volumes"
         rm_inside "$STATE/volumes"

@@ -7,6 +7,8 @@ cmd_exec() {
     shift
     service_running || die "$S_NAME is not running"
     env_flags
+    gpu_env_flags
+    ENV_FLAGS+=("${GPU_ENV_FLAGS[@]}")
     [ -n "$S_WORKDIR" ] && ENV_FLAGS+=(--pwd "$S_WORKDIR")
     exec "$RT" exec "${ENV_FLAGS[@]}" "instance://$S_INSTANCE" "$@"
 }

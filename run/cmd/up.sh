@@ -11,6 +11,7 @@ cmd_up() {
         shift
     done
     for name in "${names[@]}"; do load_service "$name"; done  # unknown names end here, with a message
+    [ ${#SERVICES[@]} -gt 0 ] || die "no service selected"  # Docker Compose's words: all are behind profiles
     take_project_lock up
     detect_runtime
     refuse_missing_images "${names[@]}"

@@ -40,6 +40,16 @@ assign_gpus() {
     done
 }
 
+# The loaded service's share of the GPUs (assign_gpus), in GPU_ENV_FLAGS: for its start and for
+# every `exec` into it, since an exec gets a clean environment of its own.
+GPU_ENV_FLAGS=()
+gpu_env_flags() {
+    GPU_ENV_FLAGS=()
+    if [ "$S_NV" = 1 ] && [ -s "$RUNDIR/$S_NAME.gpus" ]; then
+        GPU_ENV_FLAGS=(--env "CUDA_VISIBLE_DEVICES=$(cat "$RUNDIR/$S_NAME.gpus")")
+    fi
+}
+
 # What the runtime's `instance start` of the loaded service (or a one-shot's exec) gets, in
 # START_FLAGS: its environment, hosts file, binds, GPUs, writable root and home.
 START_FLAGS=()
@@ -59,9 +69,8 @@ runtime_flags() {
         [ -S "${b%%:*}" ] && START_FLAGS+=(--bind "$b")
     done
     [ "$S_NV" = 1 ] && START_FLAGS+=(--nv)
-    if [ "$S_NV" = 1 ] && [ -s "$RUNDIR/$S_NAME.gpus" ]; then
-        START_FLAGS+=(--env "CUDA_VISIBLE_DEVICES=$(cat "$RUNDIR/$S_NAME.gpus")")
-    fi
+    gpu_env_flags
+    START_FLAGS+=("${GPU_ENV_FLAGS[@]}")
     local root=$WRITABLE_ROOT
     [ "$S_WRITABLE_TMPFS" = 1 ] && root=tmpfs
     case "$root" in
@@ -204,6 +213,7 @@ start_service() {
         clear_logs
         : >"$(logs_mark "$name")"
         rm -f "$RUNDIR/$name.stopped"
+        run_pre_start || return 1  # its pre_start steps, where they have not run (run/lib/pre_start.sh)
         runtime_flags
         if [ "$S_ONESHOT" = 1 ]; then
             progress "$name" "running to completion"
@@ -275,7 +285,8 @@ check_host_paths() {
 # The services to start: the ones asked for and everything they depend on, in start order.
 closure() {
     local wanted=("$@") name dep changed=1 out=()
-    [ ${#wanted[@]} -eq 0 ] && { printf '%s\n' "${SERVICES[@]}"; return; }
+    # all of them; none (every service behind a profile not asked for) is no line at all, not an empty name
+    [ ${#wanted[@]} -eq 0 ] && { [ ${#SERVICES[@]} -eq 0 ] || printf '%s\n' "${SERVICES[@]}"; return; }
     declare -A in=()
     for name in "${wanted[@]}"; do load_service "$name"; in[$name]=1; done
     while [ $changed = 1 ]; do

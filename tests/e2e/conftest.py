@@ -61,3 +61,19 @@ def setuid_node(testbed):
     the_node.kill_all()
     yield the_node
     the_node.kill_all()
+
+
+@pytest.fixture(scope="session")
+def slurm(testbed):
+    """A real Slurm (slurmctld, two slurmd as two fake nodes, munge) on the Slurm node (slurmbed.py)."""
+    from slurmbed import SlurmCluster
+    if not testbed.get("SLURM_NODE"):
+        _unavailable("provision.sh printed no SLURM_NODE (a test bed provisioned before the Slurm node)")
+    cluster = SlurmCluster(Path(testbed["SLURM_NODE"]), testbed["HPC_UID"], testbed["REGISTRY_PORT"])
+    try:
+        cluster.start()
+    except RuntimeError as exc:  # the bed is there: a cluster that does not come up is a failure
+        cluster.stop()
+        pytest.fail(str(exc))
+    yield cluster
+    cluster.stop()

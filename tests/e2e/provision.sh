@@ -14,6 +14,9 @@
 #   suidnode/    a second node with that package: starter-suid root-owned 4755, `allow
 #                setuid-mount squashfs = yes`; enter.sh with C2S_BLOCK_USERNS=1 takes user
 #                namespaces away from hpc there (the seed's kind of cluster: setuid, no userns)
+#   slurmnode/   a third node with Debian's Slurm (slurmctld, slurmd, client) and munge next to
+#                apptainer: tests/e2e/slurm.py runs slurmctld and two slurmd there, each slurmd in
+#                a network namespace of its own (two fake nodes); slurm.conf below
 #   oci/         OCI image layout holding the test images
 #   registry/    storage of a Distribution registry (`docker-registry`) serving them on 127.0.0.1
 #   ready        written last
@@ -32,13 +35,44 @@ imgbase="$base/imgbase-$(echo "sid $base_packages" | hash)"
 suid_recipe="sid apptainer source, debian/rules --with-suid, override_dh_golang empty, nocheck"
 suidpkg="$base/suidpkg-$(echo "$suid_recipe" | hash)"
 suidnode="$base/suidnode-$(echo "sid $node_packages uid=$hpc_uid $suidpkg" | hash)"
+slurm_packages=slurmctld,slurmd,slurm-client,munge
+# the fake cluster: two nodes (network namespaces joined by a veth pair), slurmctld on the first;
+# processes tracked by parent (proctrack/linuxproc), no cgroups (the nodes are not machines of their
+# own: the cgroup tree is the host's)
+slurm_conf="ClusterName=c2s
+SlurmctldHost=c2s-slurm0(10.251.0.1)
+SlurmUser=root
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd/%n
+SlurmctldPidFile=/run/slurm/slurmctld.pid
+SlurmdPidFile=/run/slurm/slurmd-%n.pid
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SchedulerType=sched/builtin
+MpiDefault=none
+ReturnToService=2
+KillWait=30
+NodeName=c2s-slurm0 NodeAddr=10.251.0.1 CPUs=1 RealMemory=512 State=UNKNOWN
+NodeName=c2s-slurm1 NodeAddr=10.251.0.2 CPUs=1 RealMemory=512 State=UNKNOWN
+PartitionName=batch Nodes=c2s-slurm[0-1] Default=YES MaxTime=INFINITE State=UP"
+cgroup_conf="CgroupPlugin=disabled"
+# its own key (packages): a change there rebuilds the Slurm node alone, node, setuid node and images
+# stay cached; the configuration files are written on every run that is not ready (they are in its key)
+slurmnode="$base/slurmnode-$(echo "sid $node_packages,$slurm_packages uid=$hpc_uid" | hash)"
 image_key() {  # an image is rebuilt when its recipe, its files or the image base change
     # (FILES emptied first: the loop below sources recipes, and a skipped image must not lend its FILES)
     (FILES=(); cat "$here/images/$1.image"; . "$here/images/$1.image"; for f in "${FILES[@]}"; do cat "$here/images/${f%%:*}"; done
      echo "$imgbase") | hash
 }
 all_keys=$(for r in "$here"/images/*.image; do n=$(basename "$r" .image); echo "$n $(image_key "$n")"; done
-           echo "$node $suidnode")
+           echo "$node $suidnode $slurmnode"; printf '%s\n' "$slurm_conf" "$cgroup_conf")
 ready="$base/ready-$(echo "$all_keys $registry_port" | hash)"
 dir="$base"
 
@@ -138,6 +172,28 @@ if [ ! -f "$suidnode/.done" ]; then
     touch "$suidnode/.done"
 fi
 
+# ---- the Slurm node: Debian's Slurm and munge beside apptainer --------------------------------
+if [ ! -f "$slurmnode/.done" ]; then
+    rm -rf "$slurmnode"
+    log "debootstrap the Slurm node (sid, apptainer, slurm-wlm, munge)"
+    debootstrap --variant=minbase --include="$node_packages,$slurm_packages" sid "$slurmnode" "$mirror" \
+        >"$slurmnode.log" 2>&1 || { tail -20 "$slurmnode.log" >&2; exit 1; }
+    chroot "$slurmnode" useradd -m -s /bin/bash -u "$hpc_uid" -U hpc
+    grep -q '^hpc:' "$slurmnode/etc/subuid" || echo 'hpc:100000:65536' >>"$slurmnode/etc/subuid"
+    grep -q '^hpc:' "$slurmnode/etc/subgid" || echo 'hpc:100000:65536' >>"$slurmnode/etc/subgid"
+    # munge's key: one for the cluster (every daemon of the fake cluster shares this root)
+    [ -s "$slurmnode/etc/munge/munge.key" ] || {
+        head -c 1024 /dev/urandom >"$slurmnode/etc/munge/munge.key"
+        chroot "$slurmnode" chown munge:munge /etc/munge/munge.key
+        chmod 0400 "$slurmnode/etc/munge/munge.key"
+    }
+    printf '10.251.0.1 c2s-slurm0\n10.251.0.2 c2s-slurm1\n' >>"$slurmnode/etc/hosts"
+    mkdir -p "$slurmnode/work" "$slurmnode/.oldroot" "$slurmnode/var/log/slurm" "$slurmnode/var/spool/slurmctld"
+    touch "$slurmnode/.done"
+fi
+printf '%s\n' "$slurm_conf" >"$slurmnode/etc/slurm/slurm.conf"
+printf '%s\n' "$cgroup_conf" >"$slurmnode/etc/slurm/cgroup.conf"
+
 # ---- test images: one sid base, one variant per image recipe --------------------------------
 if [ ! -f "$imgbase/.done" ]; then
     rm -rf "$imgbase"
@@ -225,10 +281,11 @@ stop_registry
 registry_pid=""
 chmod 0755 "$base"
 rm -f "$base"/ready-*
-for old in "$base"/node-* "$base"/imgbase-* "$base"/suidpkg-* "$base"/suidnode-*; do  # earlier recipes' trees
-    case "$old" in "$node" | "$node.log" | "$imgbase" | "$imgbase.log" | "$suidpkg" | "$suidnode" | "$suidnode.log") ;;
+for old in "$base"/node-* "$base"/imgbase-* "$base"/suidpkg-* "$base"/suidnode-* "$base"/slurmnode-*; do  # earlier recipes' trees
+    case "$old" in "$node" | "$node.log" | "$imgbase" | "$imgbase.log" | "$suidpkg" | "$suidnode" | "$suidnode.log" | \
+        "$slurmnode" | "$slurmnode.log") ;;
         *) rm -rf "$old" ;; esac
 done
-printf 'NODE=%s\nSETUID_NODE=%s\nREGISTRY_CONFIG=%s\nREGISTRY_PORT=%s\nHPC_UID=%s\n' "$node" "$suidnode" \
-    "$dir/registry.yml" "$registry_port" "$hpc_uid" >"$ready"
+printf 'NODE=%s\nSETUID_NODE=%s\nSLURM_NODE=%s\nREGISTRY_CONFIG=%s\nREGISTRY_PORT=%s\nHPC_UID=%s\n' "$node" "$suidnode" \
+    "$slurmnode" "$dir/registry.yml" "$registry_port" "$hpc_uid" >"$ready"
 cat "$ready"

@@ -240,6 +240,10 @@ def test_gpu_services_get_disjoint_devices(node):
         seen[service] = out.split("gpus=")[1].split()[0]
     assert {seen["train"], seen["serve"]} == {"4,5", "6,7"}  # in start order, disjoint
     assert seen["monitor"] == "4,5,6,7"  # `all` shares every visible GPU
+    # an exec gets a clean environment: run.sh gives it the service's GPUs again
+    for service in ("train", "serve"):
+        proc = node.run(f"cd ~ && gpu-out/run.sh exec {service} sh -c 'echo $CUDA_VISIBLE_DEVICES'", timeout=120)
+        assert proc.stdout.split() == [seen[service]], proc.stderr
     node.run("cd ~ && gpu-out/run.sh down", check=True, timeout=300)
     proc = node.run("cd ~ && CUDA_VISIBLE_DEVICES=0,1,2 gpu-out/run.sh up -d", timeout=300)
     assert proc.returncode != 0 and "wants 2 GPU(s) but only 3 are visible and 2 are taken" in proc.stderr
