@@ -148,6 +148,8 @@ def _previous_endpoints(out_dir: str) -> set:
         with open(os.path.join(out_dir, "plan.json"), encoding="utf-8") as fh:
             plan = json.load(fh)
         ours = {(p["address"], p["host"]) for s in plan.get("services", []) for p in s.get("ports", [])}
+        ours |= {(p["forward"].rsplit(":", 1)[0], int(p["forward"].rsplit(":", 1)[1]))  # its forwarders
+                 for s in plan.get("services", []) for p in s.get("ports", []) if p.get("forward")}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return set()
     return ours | {("::", port) for address, port in ours if address == "0.0.0.0"}  # a config may listen on [::] too

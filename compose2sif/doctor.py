@@ -10,7 +10,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from compose2sif import runtime
 from compose2sif.plan.network import node_listeners, overlaps
@@ -313,25 +313,37 @@ def plan_lines(out_dir: str) -> List[Line]:
     lines: List[Line] = []
     listening = node_listeners()
     instances = None  # pid -> name of the user's instances, read when a port is taken
+    rundir = os.path.join(out_dir, str(plan.get("state_dir", "state")), "run")
     for service in plan.get("services", []):
+        forwarders = _forwarder_pids(os.path.join(rundir, f"{service['name']}.forward"))
         for port in service.get("ports", []):
             endpoint = (port["address"], port["host"])
             shown = f"{port['address']}:{port['host']}"
             if port["address"] in ("0.0.0.0", "::"):
                 lines.append(("warn", f"service {service['name']} would listen on all interfaces ({shown}): anyone "
                                       "who reaches this node reaches it (fix: publish it on 127.0.0.1 in the compose file)"))
-            taken = sorted(held for held in listening if overlaps(held, endpoint))
-            if taken:
-                holder, pid = _holder(endpoint)
-                instances = _instances() if instances is None else instances
-                if pid is not None and _instance_of(pid, instances) == service.get("instance"):
-                    lines.append(("ok", f"service {service['name']}: {shown} is served by its own running "
-                                        f"instance {service['instance']}"))
+            checks = [(endpoint, shown)]
+            if port.get("forward"):  # published on another number: its forwarder's endpoint too
+                address, number = port["forward"].rsplit(":", 1)
+                checks.append(((address, int(number)), f"published {port['forward']}"))
+            for point, text in checks:
+                taken = sorted(held for held in listening if overlaps(held, point))
+                if not taken:
+                    lines.append(("ok", f"service {service['name']}: {text} is free"))
                     continue
-                lines.append(("fail", f"service {service['name']}: {shown} is taken ({holder}; fix: "
-                                      f"stop that, or convert again to move the port)"))
-            else:
-                lines.append(("ok", f"service {service['name']}: {shown} is free"))
+                holder, pid = _holder(point)
+                instances = _instances() if instances is None else instances
+                if pid is not None and pid in forwarders:
+                    lines.append(("ok", f"service {service['name']}: {text} is served by its forwarder (pid {pid})"))
+                elif pid is not None and _instance_of(pid, instances) == service.get("instance"):
+                    lines.append(("ok", f"service {service['name']}: {text} is served by its own running "
+                                        f"instance {service['instance']}"))
+                else:
+                    lines.append(("fail", f"service {service['name']}: {text} is taken ({holder}; fix: "
+                                          f"stop that, or convert again to move the port)"))
+        # what `up` found it really listens on, where the plan says otherwise (run.sh's record_truth)
+        for truth in _read_lines(os.path.join(rundir, f"{service['name']}.truth")):
+            lines.append(("warn", f"service {service['name']} at run time: {truth}"))
     if any(s.get("nv") for s in plan.get("services", [])):
         smi = shutil.which("nvidia-smi")
         proc = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60) if smi else None
@@ -341,6 +353,11 @@ def plan_lines(out_dir: str) -> List[Line]:
             lines.append(("fail", "GPUs are requested but nvidia-smi finds none (fix: run on a GPU node, or "
                                   "module load the CUDA driver tools)"))
     return lines
+
+
+def _forwarder_pids(record: str) -> Set[int]:
+    """The pids run.sh recorded for a service's forwarders ("PID START LISTEN TARGET" lines)."""
+    return {int(line.split()[0]) for line in _read_lines(record) if line.split() and line.split()[0].isdigit()}
 
 
 def _holder(endpoint: Tuple[str, int]) -> Tuple[str, Optional[int]]:

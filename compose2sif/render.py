@@ -23,11 +23,13 @@ import json
 import os
 import re
 import shlex
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
+from compose2sif import forwarder
 from compose2sif.errors import ComposeError
 from compose2sif.plan import Plan, PortPlan, ServicePlan
 from compose2sif.plan.generated import SECRETS_FILE, file_text
+from compose2sif.types import WILDCARDS
 
 
 def _templates_dir() -> str:
@@ -129,7 +131,7 @@ def _open_dir(out_dir: str, parts: List[str]) -> int:
     return fd
 
 
-def _write(out_dir: str, relative: str, text: str, mode: int = 0o600) -> None:
+def _write(out_dir: str, relative: str, text: Union[str, bytes], mode: int = 0o600) -> None:
     """Write OUT_DIR/RELATIVE to a new file, then rename it into place: O_EXCL|O_NOFOLLOW, so a
     planted link is replaced, never written through."""
     *parents, name = relative.split("/")
@@ -139,7 +141,7 @@ def _write(out_dir: str, relative: str, text: str, mode: int = 0o600) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=fd)
         handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=fd)
-        with os.fdopen(handle, "w", encoding="utf-8") as fh:
+        with (os.fdopen(handle, "wb") if isinstance(text, bytes) else os.fdopen(handle, "w", encoding="utf-8")) as fh:
             fh.write(text)
             os.fchmod(fh.fileno(), mode)
         os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
@@ -152,6 +154,12 @@ def _tmp_source(service: ServicePlan) -> str:
         if bind.target == "/tmp":
             return bind.source
     return f"{service.name}-tmp-missing"
+
+
+def _forward_target(port: PortPlan) -> str:
+    """Where a forwarder relays: the service's endpoint (a listener on every address answers on
+    127.0.0.1 too)."""
+    return f"{'127.0.0.1' if port.address in WILDCARDS else port.address}:{port.host}"
 
 
 def _endpoint(port: PortPlan) -> str:
@@ -227,6 +235,7 @@ def _service_function(s: ServicePlan, fn: str) -> List[str]:
         f"    S_SOCKETS={_array(f'{b.source}:{b.target}' for b in s.binds if b.socket)}",
         f"    S_EMPTY={_array(b.source for _, b in binds if b.kind in ('tmpfs', 'scratch'))}",
         f"    S_ENDPOINTS={_array(_endpoint(p) for p in s.ports)}",
+        f"    S_FORWARDS={_array(i for p in s.ports if p.forward for i in (p.forward, _forward_target(p)))}",
         f"    S_HEALTH={_array(health['test'] if health else [])}",
         # three words a pre_start step: its image key, its env file, its fingerprint
         f"    S_PRE_START={_array(w for p in s.pre_start for w in (p.image, p.env_file, p.fingerprint))}",
@@ -383,5 +392,11 @@ def write(plan: Plan, out_dir: str) -> None:
     if plan.generated_secrets:
         _write(out_dir, SECRETS_FILE, file_text(plan.generated_secrets), 0o600)
     _write(out_dir, "hosts.names", hosts_names(plan), 0o644)
+    if any(p.forward for s in plan.services for p in s.ports):
+        binary = forwarder.binary()
+        if binary is not None:
+            _write(out_dir, forwarder.OUTPUT, binary, 0o755)
+        else:
+            plan.warnings.append(forwarder.MISSING)
     _write(out_dir, "run.sh", render_runner(plan), 0o755)
     _write(out_dir, "plan.json", json.dumps(plan.to_json(), indent=2) + "\n", 0o644)

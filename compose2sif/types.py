@@ -58,6 +58,7 @@ class Endpoint:
     knob: Optional[Knob]
     evidence: List[str]
     required: bool                    # something says it listens there (not only the image's EXPOSE)
+    forward: Optional[str] = None     # ADDR:PORT a forwarder serves it on (published on another port)
 
     @property
     def moved(self) -> bool:

@@ -36,11 +36,11 @@ def test_doctor_names_a_taken_endpoint_and_fails(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     endpoint = json.loads((out / "plan.json").read_text())["services"][0]["ports"][0]
-    assert (endpoint["address"], endpoint["host"]) == ("127.0.0.1", port)
+    assert (endpoint["host"], endpoint["forward"]) == (6379, f"127.0.0.1:{port}")  # a forwarder publishes it
     free = _doctor(tmp_path, out)
     levels = [line.split()[0] for line in free.stdout.splitlines()]
     assert levels and set(levels) <= {"ok", "warn", "fail"}, free.stdout
-    assert f"ok   service cache: 127.0.0.1:{port} is free" in free.stdout
+    assert f"ok   service cache: published 127.0.0.1:{port} is free" in free.stdout
     assert "runtime: " in free.stdout and "SIF cache: " in free.stdout
     assert free.returncode == (1 if "fail" in levels else 0)
     with socket.socket() as holder:
@@ -49,7 +49,7 @@ def test_doctor_names_a_taken_endpoint_and_fails(tmp_path):
         taken = _doctor(tmp_path, out)
     assert taken.returncode == 1
     line = next(line for line in taken.stdout.splitlines() if f":{port}" in line)
-    assert line.startswith(f"fail service cache: 127.0.0.1:{port} is taken (held by python"), line
+    assert line.startswith(f"fail service cache: published 127.0.0.1:{port} is taken (held by python"), line
     assert f"pid {os.getpid()}" in line
 
 

@@ -65,12 +65,14 @@ def test_ps_table_and_json_have_address_port_and_uptime(project):
         db = lines[1]
         assert [db[s - 2:s] for s in starts] == ["  "] * 5, lines  # every column starts where its header does
         assert re.match(r"db +t-db +running +healthy +0\.0\.0\.0:5432 +Up \d seconds?$", db), lines
-        assert re.match(r'web +t-web +stopped +none +0\.0\.0\.0:8080 +-$', lines[2]), lines
+        # its published port: a forwarder from where it is published to where it listens
+        assert re.match(r'web +t-web +stopped +none +127\.0\.0\.1:18089->127\.0\.0\.1:8080 +-$', lines[2]), lines
         rows = {r["service"]: r for r in json.loads(run("ps", "--format", "json").stdout)}
         assert rows["db"]["uptime"].startswith("Up ") and 1 <= rows["db"]["uptime_seconds"] < 60
         assert rows["db"]["health"] == "healthy" and rows["db"]["ports"] == [5432]
         assert rows["web"] == {"service": "web", "instance": "t-web", "state": "stopped", "exit_code": None,
                                 "health": "none", "ports": [8080], "endpoints": ["0.0.0.0:8080"],
+                                "published": ["127.0.0.1:18089->127.0.0.1:8080"], "warnings": [],
                                 "uptime": "", "uptime_seconds": None}
     finally:
         os.killpg(starter.pid, 9)

@@ -322,7 +322,7 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
             if name in tls_ports and port == adapter.tls_port:
                 how = "tls"
             ports.append(PortPlan(port, endpoint.host, endpoint.address, endpoint.published, how,
-                                  endpoint.evidence, endpoint.required))
+                                  endpoint.evidence, endpoint.required, endpoint.forward))
         plans.append(ServicePlan(
             name=name, instance=_instance_name(project.name, service), image=found.image_of[name], level=levels[name],
             oneshot=name in waited_on, address=network.address[name], names=found.names[name], ports=ports,
@@ -449,7 +449,12 @@ def _fakeroot(service: Service, adapter: Optional[Adapter]) -> Optional[Dict[str
 
 def _entry_points(plans: List[ServicePlan], adapters: Dict[str, Optional[Adapter]]) -> List[Dict[str, Any]]:
     """The published endpoints of web fronts, which `up` points people at."""
-    return [{"service": p.name, "address": port.address, "port": port.host,
+    def published(port: PortPlan) -> Tuple[str, int]:  # a forwarder's, where one publishes it
+        if port.forward:
+            address, number = port.forward.rsplit(":", 1)
+            return address, int(number)
+        return port.address, port.host
+    return [{"service": p.name, "address": published(port)[0], "port": published(port)[1],
              "scheme": "https" if port.how == "tls" else "http", "path": adapters[p.name].entry_path}
             for p in plans if adapters[p.name] is not None and adapters[p.name].entry_path
             for port in p.ports if port.published and (port.container == adapters[p.name].entry_port

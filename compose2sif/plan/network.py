@@ -8,9 +8,16 @@ clients reach it however they learn the port. A port moves (into this user's and
 of 100 ports) only where that cannot work:
 
 - it is privileged (<1024);
-- it is published on another host port (``8080:80``);
 - the service cannot be told its address, so it holds the port on every address (0.0.0.0), while
   another service of the project, or something already on the node, uses that port.
+
+A port published on its own number (``8080:8080``) is served where compose publishes it: the
+service listens on the published address (``host_ip``, 0.0.0.0 by default). A port published on
+another number (``[IP:]8080:80``) is served as Docker serves it: the service keeps its address and
+port, and a forwarder (run.sh starts ``bin/c2s-forward`` beside the service, docs/ports.md) listens
+on IP:8080 and relays to it. Published ports claim their place before internal ones, so an
+internal port that clashes with a published one is the one that moves; a published port that
+cannot be had (privileged, or held) moves its forwarder, with a warning.
 
 A move needs a knob (knobs.py). Two services that cannot be separated, and a privileged port that
 cannot move, are errors naming both sides, the evidence and the x-compose2sif hint that fixes it.
@@ -127,6 +134,11 @@ class ServiceNet:
     fixes: Dict[int, str] = field(default_factory=dict)  # port -> the fix its adapter knows, where it cannot move
 
 
+def forwarded(listen: Listen) -> bool:
+    """Published on another port number (``8080:80``): a forwarder serves the published port."""
+    return bool(listen.published) and listen.published.isdigit() and int(listen.published) != listen.port
+
+
 def _port_variable(evidence: str) -> bool:
     """A `FOO_PORT` variable: projects hand every service one .env full of other servers' ports."""
     return evidence.startswith("variable ") and evidence != "variable PORT"
@@ -189,7 +201,8 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
     own = {s.name: f"{address_block}.{i + 2}" for i, s in enumerate(sorted(services, key=lambda s: s.name))}
     address: Dict[str, str] = {}
     for s in services:
-        published = {(l.host_ip or WILDCARD) for l in s.listens.values() if l.published is not None}
+        published = {(l.host_ip or WILDCARD) for l in s.listens.values()
+                     if l.published is not None and not forwarded(l)}
         if not s.address_knobs:
             address[s.name] = WILDCARD
         elif s.per_port_address or not published:
@@ -204,17 +217,9 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
     refusals: List[Tuple[ServiceNet, int, str]] = []               # (service, port, why): refused all at once
     for s in sorted(services, key=lambda s: s.name):
         for port, listen in sorted(s.listens.items()):
-            where = ((listen.host_ip or WILDCARD) if listen.published is not None and s.per_port_address
-                     else address[s.name])
+            direct = listen.published is not None and not forwarded(listen)
+            where = (listen.host_ip or WILDCARD) if direct and s.per_port_address else address[s.name]
             host, why = port, ""
-            number = listen.published if listen.published and listen.published.isdigit() else None
-            if number is not None and int(number) != port:
-                if listen.knob is not None:
-                    host, why = int(number), f"published as {number}"
-                else:
-                    warnings.append(f"service {s.name!r}: port {port} is published as {number}, but compose2sif "
-                                    f"cannot tell it another port; it is served on {where}:{port} "
-                                    f"({_hint_for(s, port)})")
             if host < 1024:
                 if listen.knob is None:
                     why = (f"service {s.name!r} listens on port {host} (seen in: {_evidence(listen)}), which an "
@@ -277,7 +282,29 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
         raise ComposeError(first + (f" (the same for {', '.join(more)})" if more else "") + "; "
                            + _fixes([(s, port) for s, port, _ in refusals]), path=f"services.{refusals[0][0].name}")
 
-    for s, listen, where, host, why in [w for w in wanted if w[1].knob is not None]:
+    # Forwarders of ports published on another number, before the internal ports that may move.
+    forwards: Dict[Tuple[str, int], str] = {}
+    for s, listen, where, host, why in [w for w in wanted if forwarded(w[1])]:
+        at, published = listen.host_ip or WILDCARD, int(listen.published or 0)
+        other = clash((at, published))
+        holder = next((b for b in busy if overlaps(b, (at, published))), None)
+        if published >= 1024 and other is None and holder is None:
+            taken.append(((at, published), s.name, listen))
+        else:
+            reason = (f"{published} is privileged" if published < 1024 else
+                      f"{published} is also used by service {other[0]!r}" if other is not None else
+                      f"{published} is taken on this node now (a listener on {holder[0]})")
+            new = free_port(at)
+            taken.append(((at, new), s.name, listen))
+            warnings.append(f"service {s.name!r}: published port {reason}; it is published on {at}:{new} instead "
+                            f"(forwarded to its port {listen.port})")
+            published = new
+        forwards[(s.name, listen.port)] = f"{at}:{published}"
+
+    # Published ports claim their place before internal ones: the internal port is the one that moves.
+    movable = [w for w in wanted if w[1].knob is not None]
+    movable.sort(key=lambda w: w[1].published is None or forwarded(w[1]))
+    for s, listen, where, host, why in movable:
         if host != -1:
             other = clash((where, host))
             holder = next((b for b in busy if overlaps(b, (where, host))), None)
@@ -290,13 +317,19 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
         record(s, listen, where, new)
         if all(e in OPTIONAL_EVIDENCE for e in listen.evidence):
             continue  # a port only the image's defaults name: nothing to tell the user yet
-        warnings.append(f"service {s.name!r}: {'published ' if listen.published is not None else ''}port {why}; "
+        direct = listen.published is not None and not forwarded(listen)
+        warnings.append(f"service {s.name!r}: {'published ' if direct else ''}port {why}; "
                         f"its port {listen.port} is served on {where}:{new}, told through {listen.knob.describe()}")
 
+    for (name, port), at in forwards.items():
+        endpoints[name][port].forward = at
+        if at.rsplit(":", 1)[0] in WILDCARDS:
+            warnings.append(f"service {name!r} is published on all interfaces: {at} (published in the compose file; "
+                            f"a forwarder to its port {port})")
     for s in services:
         for endpoint in endpoints[s.name].values():
             if endpoint.address in WILDCARDS:
-                if endpoint.published:
+                if endpoint.published and endpoint.forward is None:
                     warnings.append(f"service {s.name!r} is published on all interfaces: {endpoint.address}:"
                                     f"{endpoint.host} (published in the compose file)")
                 else:

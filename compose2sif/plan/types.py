@@ -17,6 +17,7 @@ class PortPlan:
     how: str               # how it is told: env:NAME | flag:--port | config | tls | fixed (it cannot be told)
     evidence: List[str] = field(default_factory=list)  # where this port was seen
     required: bool = True  # False: seen only in the image's EXPOSE, so it may never be opened
+    forward: Optional[str] = None  # ADDR:PORT where a forwarder publishes it (published on another port)
 
 
 @dataclass

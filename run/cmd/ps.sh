@@ -50,5 +50,6 @@ cmd_ps() {
         printf '%-*s  %-*s  %-*s  %-*s  %-*s  %s\n' "${w[0]}" "${rows[i]}" "${w[1]}" "${rows[i + 1]}" \
             "${w[2]}" "${rows[i + 2]}" "${w[3]}" "${rows[i + 3]}" "${w[4]}" "${rows[i + 4]}" "${rows[i + 5]}"
     done
+    tell_truth WARN "${SERVICES[@]}"  # what they listen on where the plan says otherwise
     return 0
 }

@@ -20,7 +20,7 @@ cmd_up() {
     clean_stale up
     mapfile -t names < <(closure "${names[@]}")
     for name in "${names[@]}"; do
-        rm -f "$(status_file "$name")" "$RUNDIR/$name.timeline" "$RUNDIR/$name.progress"
+        rm -f "$(status_file "$name")" "$RUNDIR/$name.timeline" "$RUNDIR/$name.progress" "$RUNDIR/$name.truth"
         probe_fakeroot "$name"
     done
     assign_gpus "${names[@]}"
@@ -76,6 +76,7 @@ cmd_up() {
             echo "run.sh: service $name is not running: it has no instance after up" >&2
         fi
     done
+    tell_truth run.sh: "${names[@]}" >&2  # what they listen on where the plan says otherwise
     if [ "$failed" = 1 ]; then
         return 1
     fi

@@ -1,21 +1,24 @@
 # ---- run/lib/endpoints.sh: ADDR:PORT a service listens on, and who holds one ---------------------
 
+# awk functions that decode /proc/net/tcp{,6}, which hold addresses as 32-bit words in the host's
+# byte order (little-endian here): address(HEX) is "a.b.c.d", "::" or "v6:HEX"; hex(S) a number.
+TCP_AWK='
+    function hex(s,    i, v) { v = 0; for (i = 1; i <= length(s); i++) v = v * 16 + index("0123456789ABCDEF", substr(s, i, 1)) - 1; return v }
+    function v4(s) { return hex(substr(s, 7, 2)) "." hex(substr(s, 5, 2)) "." hex(substr(s, 3, 2)) "." hex(substr(s, 1, 2)) }
+    function address(s) {
+        if (length(s) == 8) return v4(s)
+        if (s == "00000000000000000000000000000000") return "::"
+        if (substr(s, 1, 16) == "0000000000000000" && substr(s, 17, 8) == "FFFF0000") return v4(substr(s, 25, 8))
+        return "v6:" s
+    }'
+
 # The TCP sockets that LISTEN on the endpoints given as arguments: one line "ENDPOINT UID INODE"
 # for each endpoint that has one. A listener matches when its port is the endpoint's and its
 # address is the same or either one is a wildcard (0.0.0.0 or ::): that is when a bind clashes,
-# and when a client of the endpoint reaches the listener. /proc/net/tcp{,6} hold addresses as
-# 32-bit words in the host's byte order (little-endian here).
+# and when a client of the endpoint reaches the listener.
 endpoint_listeners() {
     [ $# -gt 0 ] || return 0
-    awk -v endpoints="$*" '
-        function hex(s,    i, v) { v = 0; for (i = 1; i <= length(s); i++) v = v * 16 + index("0123456789ABCDEF", substr(s, i, 1)) - 1; return v }
-        function v4(s) { return hex(substr(s, 7, 2)) "." hex(substr(s, 5, 2)) "." hex(substr(s, 3, 2)) "." hex(substr(s, 1, 2)) }
-        function address(s) {
-            if (length(s) == 8) return v4(s)
-            if (s == "00000000000000000000000000000000") return "::"
-            if (substr(s, 1, 16) == "0000000000000000" && substr(s, 17, 8) == "FFFF0000") return v4(substr(s, 25, 8))
-            return "v6:" s
-        }
+    awk -v endpoints="$*" "$TCP_AWK"'
         function wild(a) { return a == "0.0.0.0" || a == "::" }
         BEGIN { n = split(endpoints, want, " ") }
         $4 == "0A" {
@@ -33,31 +36,72 @@ required_endpoints() {
     for e in "${S_ENDPOINTS[@]}"; do [ "${e%\?}" = "$e" ] && printf '%s\n' "$e"; done
 }
 
-# Who holds socket $2 of uid $1, in HOLDER: the user, and the process where /proc shows it (an
-# unprivileged user reads only the descriptors of its own processes); its pid in HOLDER_PID.
+# Who holds socket $2 of uid $1, in HOLDER: a service of this project (a process of its instance,
+# or its forwarder), else "another process on this node" with the process where /proc shows it
+# (an unprivileged user reads only the descriptors of its own processes) and its user; the pid in
+# HOLDER_PID.
 HOLDER="" HOLDER_PID=""
 describe_holder() {
-    local user fd
+    local user fd command
     user=$(id -nu "$1" 2>/dev/null) || user="uid $1"
-    HOLDER="a process of user $user" HOLDER_PID=""
+    HOLDER="another process on this node (of user $user)" HOLDER_PID=""
     fd=$(find /proc/[0-9]*/fd -maxdepth 1 -lname "socket:\[$2\]" -print -quit 2>/dev/null)
     [ -n "$fd" ] || return 0
     HOLDER_PID=${fd#/proc/}
     HOLDER_PID=${HOLDER_PID%%/*}
-    HOLDER="pid $HOLDER_PID ($(tr '\0' ' ' <"/proc/$HOLDER_PID/cmdline" 2>/dev/null | cut -c1-80 | sed 's/ *$//')) of user $user"
+    command=$(tr '\0' ' ' <"/proc/$HOLDER_PID/cmdline" 2>/dev/null | cut -c1-80 | sed 's/ *$//')
+    if project_service_of "$HOLDER_PID"; then
+        HOLDER="service $OWNER of this project (pid $HOLDER_PID: $command)"
+    else
+        HOLDER="another process on this node (pid $HOLDER_PID: $command, of user $user)"
+    fi
+}
+
+# The service of this project that process $1 belongs to, in OWNER: its instance's init is an
+# ancestor, or it is one of its forwarders. The service loaded stays loaded.
+OWNER=""
+project_service_of() {
+    local loaded=${S_NAME:-} name pid start rest instance p=$1 i
+    declare -A service_of=()
+    OWNER=""
+    for name in "${SERVICES[@]}"; do
+        while read -r pid start rest; do
+            [ "$pid" = "$1" ] && same_process "$pid" "$start" && OWNER=$name
+        done 2>/dev/null <"$(forward_record "$name")"
+        load_service "$name"
+        service_of[$S_INSTANCE]=$name
+    done
+    [ -n "$loaded" ] && load_service "$loaded"
+    [ -n "$OWNER" ] && return 0
+    declare -A init_of=()
+    while read -r instance pid; do
+        [ -n "${service_of[$instance]:-}" ] && init_of[$pid]=${service_of[$instance]}
+    done < <(listed_instances)
+    for ((i = 0; i < 64; i++)); do
+        [ -n "${init_of[$p]:-}" ] && { OWNER=${init_of[$p]}; return 0; }
+        parent_of "$p" || return 1
+        p=$PARENT
+        [ "$p" -gt 1 ] || return 1
+    done
+    return 1
 }
 
 # The endpoints of the given services that something other than this project listens on, one
-# line each ("ADDR:PORT (service NAME) is held by ..."). Services that already run are skipped,
-# and so are endpoints that may never be opened.
+# line each ("ADDR:PORT (service NAME) is held by ..."), published ports that a forwarder serves
+# included. Services that already run are skipped, and so are endpoints that may never be opened.
 endpoints_taken() {
-    local name e uid inode endpoints=()
+    local name e uid inode i endpoints=()
     declare -A owner=()
     for name in "$@"; do
         load_service "$name"
         [ "$S_ONESHOT" = 1 ] && continue
         service_running && continue
         while read -r e; do owner[$e]=$name endpoints+=("$e"); done < <(required_endpoints)
+        live_forwarders "$name"  # (one left running by an earlier `up` serves again)
+        for ((i = 0; i < ${#S_FORWARDS[@]}; i += 2)); do
+            e=${S_FORWARDS[i]}
+            [ -n "${FORWARD_PID[$e]:-}" ] || { owner[$e]=$name endpoints+=("$e"); }
+        done
     done
     # Only the endpoints a service needs: an EXPOSE or `expose:` port may be another service's real
     # one (a worker built from its web server's Dockerfile), and is never opened. Whoever holds a
@@ -109,4 +153,114 @@ explain_address_in_use() {
     done < <(endpoint_listeners "${endpoints[@]}")
     [ "$found" = 1 ] ||
         echo "run.sh: service $S_NAME found an address in use (its endpoints: ${endpoints[*]:-none known}; none is held now)"
+}
+
+# ---- run-time truth: what a service really listens on, against the plan ----------------------
+
+# The TCP endpoints that the loaded service's processes (its instance's init IPID and every
+# descendant) listen on, in LISTENING ("ADDR:PORT", IPv6 other than :: as "v6:HEX:PORT"): their
+# socket descriptors (/proc/PID/fd) matched with /proc/net/tcp{,6}.
+LISTENING=()
+service_listeners() {
+    local dirs=() inodes
+    LISTENING=()
+    [ -n "$IPID" ] || return 0
+    # (cat, not awk, reads /proc/*/stat: a process that ends meanwhile would stop mawk)
+    mapfile -t dirs < <(cat /proc/[0-9]*/stat 2>/dev/null | awk -v root="$IPID" '
+        { line = $0; sub(/.*\) /, "", line); split(line, f, " "); kids[f[2]] = kids[f[2]] " " $1 }
+        END {
+            queue[1] = root; n = 1
+            for (i = 1; i <= n; i++) {
+                print "/proc/" queue[i] "/fd"
+                m = split(kids[queue[i]], k, " ")
+                for (j = 1; j <= m; j++) queue[++n] = k[j]
+            }
+        }')
+    inodes=$(find "${dirs[@]}" -maxdepth 1 -lname 'socket:\[*' -printf '%l ' 2>/dev/null)
+    [ -n "$inodes" ] || return 0
+    mapfile -t LISTENING < <(awk -v inodes="$inodes" "$TCP_AWK"'
+        BEGIN { n = split(inodes, s, " "); for (i = 1; i <= n; i++) { gsub(/[^0-9]/, "", s[i]); mine[s[i]] = 1 } }
+        $4 == "0A" && ($10 in mine) { split($2, parts, ":"); e = address(parts[1]) ":" hex(parts[2]); if (!(e in seen)) { seen[e] = 1; print e } }
+        ' /proc/net/tcp /proc/net/tcp6 2>/dev/null)
+}
+
+# Whether listener $1 (ADDR:PORT) serves endpoint $2: the same port, and the same address or a
+# wildcard listener.
+serves() {
+    [ "${1##*:}" = "${2##*:}" ] || return 1
+    case "${1%:*}" in 0.0.0.0 | ::) return 0 ;; esac
+    [ "${1%:*}" = "${2%:*}" ]
+}
+
+# Compare what the loaded service (running, IPID set) listens on with its plan; one line each in
+# RUNDIR/NAME.truth (none: removed), which `up` prints and `ps` and `doctor` show:
+#  - a listener on 0.0.0.0 or :: where the plan has none (not published there): other users of
+#    the node reach it, and it holds the port on every address;
+#  - a listener on an endpoint another service of this project needs (or forwards from; an
+#    image's EXPOSE port may never be opened: that service's own failure names the holder);
+#  - a planned endpoint it needs that nothing of it serves (a required one, or one a forwarder
+#    relays to), with what it listens on instead and who holds the endpoint, if anyone.
+record_truth() {
+    local me=$S_NAME l e p name i ok uid inode lines=() planned=() needed=() theirs=()
+    service_listeners
+    for e in "${S_ENDPOINTS[@]}"; do
+        planned+=("${e%\?}")
+        [ "${e%\?}" = "$e" ] && needed+=("$e")
+    done
+    for ((i = 1; i < ${#S_FORWARDS[@]}; i += 2)); do
+        case " ${needed[*]} " in *" ${S_FORWARDS[i]} "*) ;; *) needed+=("${S_FORWARDS[i]}") ;; esac
+    done
+    for name in "${SERVICES[@]}"; do
+        [ "$name" = "$me" ] && continue
+        load_service "$name"
+        for e in "${S_ENDPOINTS[@]}"; do [ "${e%\?}" = "$e" ] && theirs+=("$e $name"); done
+        for ((i = 0; i < ${#S_FORWARDS[@]}; i += 2)); do theirs+=("${S_FORWARDS[i]} $name"); done
+    done
+    load_service "$me"
+    for l in "${LISTENING[@]}"; do
+        p=${l##*:}
+        case "${l%:*}" in
+            0.0.0.0 | ::)
+                ok=0
+                for e in "${planned[@]}"; do [ "$e" = "$l" ] || [ "$e" = "0.0.0.0:$p" ] || [ "$e" = ":::$p" ] && ok=1; done
+                [ "$ok" = 1 ] || lines+=("listens on all interfaces ($l), where nothing is published: anyone who reaches this node reaches it, and it holds port $p on every address (tell it its address: x-compose2sif: {bind_address: {env: VAR}})")
+                ;;
+        esac
+        for e in "${theirs[@]}"; do
+            serves "$l" "${e% *}" || serves "${e% *}" "$l" || continue
+            lines+=("listens on $l, where service ${e#* } is planned (${e% *}): ${e#* } cannot open it")
+        done
+    done
+    for e in "${needed[@]}"; do
+        ok=0
+        for l in "${LISTENING[@]}"; do serves "$l" "$e" && ok=1; done
+        [ "$ok" = 1 ] && continue
+        l="does not listen on its planned $e (it listens on: ${LISTENING[*]:-nothing})"
+        for ((i = 1; i < ${#S_FORWARDS[@]}; i += 2)); do
+            [ "${S_FORWARDS[i]}" = "$e" ] && l="$l; its published port ${S_FORWARDS[i - 1]} forwards there"
+        done
+        inode=""
+        read -r _ uid inode < <(endpoint_listeners "$e")
+        if [ -n "$inode" ]; then
+            describe_holder "$uid" "$inode"
+            l="$l; $e is held by $HOLDER"
+        fi
+        lines+=("$l")
+    done
+    if [ ${#lines[@]} -gt 0 ]; then
+        printf '%s\n' "${lines[@]}" >"$RUNDIR/$me.truth"
+    else
+        rm -f "$RUNDIR/$me.truth"
+    fi
+}
+
+# The lines record_truth left for the given services, each as "PREFIX NAME: LINE".
+tell_truth() {
+    local prefix=$1 name line
+    shift
+    for name in "$@"; do
+        while IFS= read -r line; do
+            printf '%s service %s: %s\n' "$prefix" "$name" "$line"
+        done 2>/dev/null <"$RUNDIR/$name.truth"
+    done
 }

@@ -20,10 +20,12 @@ human_duration() {
 
 # One row of `ps` for the service loaded, whose state is $2 and health $3: row $1 (the service's
 # index) of PS_ROWS, a JSON object, or 6 table cells from 6 * $1 on. Files read without a child.
+# A port published through a forwarder shows as LISTEN->TARGET; the lines record_truth left (what
+# it listens on where the plan says otherwise) are its "warnings" (the table's notes, cmd_ps).
 # A service whose status says it runs while no instance is left goes to STALE_KILLED (tell_stale).
 PS_JSON=0 PS_ROWS=()
 ps_row() {
-    local i=$1 st=$2 health=$3 status="" rc="" e ports="" addresses="" quoted="" cells=() row
+    local i=$1 st=$2 health=$3 status="" rc="" e k ports="" addresses="" quoted="" forwards="" truth="" cells=() row
     { IFS= read -r status || true; } 2>/dev/null <"$RUNDIR/$S_NAME.status"
     if [ "$st" != running ]; then
         case "$S_TMP" in /*) e=$S_TMP ;; *) e=$HERE/$S_TMP ;; esac  # (tmp_dir, without a subshell)
@@ -46,18 +48,29 @@ ps_row() {
         human_duration "$UPTIME_S"
         DURATION="Up $DURATION"
     fi
+    declare -A forward_of=()
+    for ((k = 0; k < ${#S_FORWARDS[@]}; k += 2)); do  # published ports a forwarder serves
+        e="${S_FORWARDS[k]}->${S_FORWARDS[k + 1]}"
+        forward_of[${S_FORWARDS[k + 1]##*:}]=$e
+        json_str "$e"
+        forwards+=${forwards:+,}$JSON_STR
+    done
     for e in "${S_ENDPOINTS[@]}"; do
         e=${e%\?}
         ports+=${ports:+,}${e##*:}
-        addresses+=${addresses:+,}$e
+        addresses+=${addresses:+,}${forward_of[${e##*:}]:-$e}
         json_str "$e"
         quoted+=${quoted:+,}$JSON_STR
     done
+    while IFS= read -r e; do  # what it really listens on, where the plan says otherwise (record_truth)
+        json_str "$e"
+        truth+=${truth:+,}$JSON_STR
+    done 2>/dev/null <"$RUNDIR/$S_NAME.truth"
     if [ "$PS_JSON" = 1 ]; then
         case "$rc" in '' | *[!0-9-]*) rc=null ;; esac
         for e in "$S_NAME" "$S_INSTANCE" "$st" "$health" "$DURATION"; do json_str "$e"; cells+=("$JSON_STR"); done
-        printf -v row '{"service":%s,"instance":%s,"state":%s,"exit_code":%s,"health":%s,"ports":[%s],"endpoints":[%s],"uptime":%s,"uptime_seconds":%s}' \
-            "${cells[0]}" "${cells[1]}" "${cells[2]}" "$rc" "${cells[3]}" "$ports" "$quoted" "${cells[4]}" "${UPTIME_S:-null}"
+        printf -v row '{"service":%s,"instance":%s,"state":%s,"exit_code":%s,"health":%s,"ports":[%s],"endpoints":[%s],"published":[%s],"warnings":[%s],"uptime":%s,"uptime_seconds":%s}' \
+            "${cells[0]}" "${cells[1]}" "${cells[2]}" "$rc" "${cells[3]}" "$ports" "$quoted" "$forwards" "$truth" "${cells[4]}" "${UPTIME_S:-null}"
         PS_ROWS[i]=$row
     else
         [ "$st" = exited ] && [ -n "$rc" ] && st="exited($rc)"  # killed: no code was written

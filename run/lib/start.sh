@@ -241,6 +241,7 @@ start_service() {
             return 1
         fi
     fi
+    reason=$(start_forwarders) || { set_status "$name" "failed $reason"; return 1; }  # (run/lib/forward.sh)
     set_status "$name" started
     if [ ${#S_HEALTH[@]} -gt 0 ]; then
         progress "$name" "waiting for health"
@@ -256,6 +257,7 @@ start_service() {
     elif [ "$already" = 0 ]; then
         progress "$name" running
     fi
+    record_truth  # what it really listens on, against the plan (run/lib/endpoints.sh)
     return 0
 }
 

@@ -52,14 +52,17 @@ remove_instance() {
 # forward `instance stop`'s signal to it), up to each one's stop_grace_period for them to end,
 # then their instances go together (see kill_instance), killing what is left. Each is marked
 # stopped, for the supervisor. The processes that are ending are left in ENDING (for wait_ended);
-# OUTLIVED=1 when a service outlived its grace period.
+# OUTLIVED=1 when a service outlived its grace period. Its forwarders (published ports) end first.
 OUTLIVED=0
 stop_services() {
-    local name i t alive scripts=() graces=() instances=() ipids=()
+    local name i t alive scripts=() graces=() instances=() ipids=() forwarders=()
     OUTLIVED=0
     for name in "$@"; do
         load_service "$name"
         : >"$RUNDIR/$name.stopped"
+        stop_forwarders "$name"  # (also where its instance is gone)
+        rm -f "$RUNDIR/$name.truth"
+        forwarders+=("${FORWARDERS_ENDED[@]}")
         instance_pid
         [ -n "$IPID" ] || continue
         note "$name: stopping $S_INSTANCE"
@@ -78,7 +81,7 @@ stop_services() {
         if ((t < 20)); then nap 0.01; else nap 0.05; fi
     done
     for i in "${!scripts[@]}"; do kill -0 "${scripts[i]}" 2>/dev/null && OUTLIVED=1; done
-    ENDING=()
+    ENDING=("${forwarders[@]}")
     for i in "${!instances[@]}"; do
         S_INSTANCE=${instances[i]} IPID=${ipids[i]}
         kill_instance

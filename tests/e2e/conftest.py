@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from compose2sif import forwarder
 from testbed import Node, provision, registry, taken
 
 CI = bool(os.environ.get("CI"))
@@ -32,6 +33,10 @@ def testbed(request):
         with capture.global_and_fixture_disabled():
             print(f"\n[e2e] {line}", flush=True)
 
+    # the forwarder of published ports, which convert puts into bin/: the node has no C compiler (as
+    # many compute nodes), so it is built here, as a user converting on a login node would have it
+    if not forwarder.fresh() and not forwarder.build(forwarder.PREBUILT):
+        pytest.fail(f"cannot build {forwarder.PREBUILT} (a C compiler with static libc is needed)")
     with taken(tell):
         try:
             info = provision()

@@ -59,7 +59,9 @@ def test_up_from_nothing_builds_and_starts_everything_healthy(stack):
     assert ports["api"][0]["address"] == address["api"] != address["worker"] == ports["worker"][0]["address"]
     assert sorted(plan["images"]["c2s-python-test"]["services"]) == ["api", "init", "worker"]
     proxy = ports["proxy"][0]
-    assert (proxy["container"], proxy["host"], proxy["address"], proxy["published"]) == (80, 18080, "0.0.0.0", True)
+    # its privileged port moves on its own address; the forwarder publishes 18080, as Docker's proxy does
+    assert (proxy["container"], proxy["address"], proxy["published"], proxy["forward"]) == \
+        (80, address["proxy"], True, "0.0.0.0:18080")
 
 
 def test_request_goes_through_nginx_api_postgres_redis_and_the_model(stack):
@@ -156,8 +158,8 @@ def test_two_projects_side_by_side(stack):
                                          for plan in plans)
     for a in first_endpoints:  # same ports, other addresses: no two listeners collide
         assert not any(a[1] == b[1] and (a[0] == b[0] or "0.0.0.0" in (a[0], b[0])) for b in second_endpoints), a
-    proxy2 = next(p["host"] for s in plans[1]["services"] if s["name"] == "proxy" for p in s["ports"]
-                  if p["container"] == 80)
+    proxy2 = next(int(p["forward"].rsplit(":", 1)[1]) for s in plans[1]["services"] if s["name"] == "proxy"
+                  for p in s["ports"] if p["container"] == 80)
     assert curl(node, "POST", "/api/notes", {"text": "second"}, port=proxy2)["id"] == 1
     assert [n["text"] for n in curl(node, "GET", "/api/notes")["notes"]] == []  # first project untouched
     node.run("cd ~ && out2/run.sh down -v", check=True, timeout=300)

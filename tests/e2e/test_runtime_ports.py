@@ -80,8 +80,8 @@ services:
     holder = node.run("pgrep -o -u hpc -f c2s-port-holder").stdout.split()[0]
     assert proc.returncode != 0
     planned = re.escape(endpoint(node, "web", PORT))
-    assert re.search(rf"endpoint {planned} \(service web\) is held by pid {holder} "
-                     r"\(python3 -c .*\) of user hpc", proc.stderr), proc.stderr
+    assert re.search(rf"endpoint {planned} \(service web\) is held by another process on this node \(pid {holder}: "
+                     r"python3 -c .*, of user hpc\)", proc.stderr), proc.stderr
     assert "nothing was started" in proc.stderr
     assert instances(node) == []
 
@@ -133,5 +133,5 @@ services:
     first_pid = node.run("pgrep -o -u hpc -f 'socket.socket[(][)]'").stdout.split()[0]
     planned = re.escape(endpoint(node, "second", PORT))
     # another service of the project in the way counts like any other holder: second never starts
-    assert re.search(rf"service second failed: endpoint {planned} \(service second\) is held by pid {first_pid} "
-                     r"\(python3 -c .*\) of user hpc", proc.stderr), proc.stderr
+    assert re.search(rf"service second failed: endpoint {planned} \(service second\) is held by service first of "
+                     rf"this project \(pid {first_pid}: python3 -c .*\)", proc.stderr), proc.stderr

@@ -1,0 +1,279 @@
+"""Published ports the way Docker publishes them, and run-time truth (issue 18).
+
+The plan: a port published on another number keeps the service's own address and port, and a
+forwarder publishes it. run.sh's functions (run/lib/forward.sh, run/lib/endpoints.sh) on this
+machine with real processes and real sockets: the real forwarder (compose2sif/intercept/forward.c,
+compiled by convert), and STAND-IN SERVERS (Python one-liners named `c2s-standin-*`) in place of
+services; the "instance init" whose process tree is read is a stand-in bash process as well."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RUN = REPO / "run"
+ENGINE_MARKER = "# ---- the engine (the same for every project"
+BLOCK = "127.77.7"  # --address-block: services get .2, .3, ... by name
+
+
+def free_ports(n):
+    """N ports free on this machine now (on every address)."""
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("0.0.0.0", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+HINTS = 'x-compose2sif: {ports: {"%d": {env: PORT}}, bind_address: {env: HOST}}'
+
+
+@pytest.fixture(scope="module")
+def ports():
+    return free_ports(8)
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, ports):
+    """A project with each kind of published port, converted once; out/header.sh is run.sh's header."""
+    web, inner_c, bare, local, high, same, base = ports[0], ports[1], ports[2], ports[3], ports[4], ports[5], ports[6]
+    root = tmp_path_factory.mktemp("published")
+    (root / "compose.yaml").write_text(f"""
+services:
+  web:                      # published on another number: a forwarder, the service keeps 8000
+    image: busybox
+    environment: {{PORT: "8000", HOST: 0.0.0.0}}
+    ports: ["{web}:8000"]
+    {HINTS % 8000}
+  inner:                    # an internal port equal to web's published one: it is the one that moves
+    image: busybox
+    environment: {{PORT: "{web}", HOST: 0.0.0.0}}
+    {HINTS % web}
+  bare:                     # cannot be told an address or a port: forwarded all the same
+    image: busybox
+    command: [sleep, "1000"]
+    ports: ["{bare}:9000"]
+  local:                    # published on 127.0.0.1 only
+    image: busybox
+    environment: {{PORT: "7000", HOST: 0.0.0.0}}
+    ports: ["127.0.0.1:{local}:7000"]
+    {HINTS % 7000}
+  priv:                     # published on a privileged port: the forwarder moves, the service does not
+    image: busybox
+    environment: {{PORT: "8001", HOST: 0.0.0.0}}
+    ports: ["80:8001"]
+    {HINTS % 8001}
+  low:                      # a privileged container port still moves, behind its forwarder
+    image: busybox
+    environment: {{PORT: "80", HOST: 0.0.0.0}}
+    ports: ["{high}:80"]
+    {HINTS % 80}
+  same:                     # published on its own number: served there directly, as before
+    image: busybox
+    environment: {{PORT: "{same}", HOST: 0.0.0.0}}
+    ports: ["{same}:{same}"]
+    {HINTS % same}
+""")
+    proc = subprocess.run(["python3", "-m", "compose2sif", "-f", str(root / "compose.yaml"), "convert", "--offline",
+                           "--address-block", f"{BLOCK}.0/24", "--port-base", str(base), "-o", str(root / "out")],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    text = (root / "out" / "run.sh").read_text()
+    (root / "out" / "header.sh").write_text(text[:text.index(ENGINE_MARKER)])
+    (root / "out" / "convert.err").write_text(proc.stderr)
+    return root / "out"
+
+
+def plan_ports(out):
+    plan = json.loads((out / "plan.json").read_text())
+    return {s["name"]: {p["container"]: p for p in s["ports"]} for s in plan["services"]}
+
+
+def own(name):
+    return f"{BLOCK}.{2 + sorted(['bare', 'inner', 'local', 'low', 'priv', 'same', 'web']).index(name)}"
+
+
+# ---- the plan ---------------------------------------------------------------------------------
+
+def test_a_port_published_on_another_number_keeps_the_services_port_behind_a_forwarder(converted, ports):
+    p = plan_ports(converted)
+    assert p["web"][8000]["address"] == own("web") and p["web"][8000]["host"] == 8000
+    assert p["web"][8000]["forward"] == f"0.0.0.0:{ports[0]}"
+    assert p["local"][7000]["forward"] == f"127.0.0.1:{ports[3]}"
+    assert p["local"][7000]["address"] == own("local")
+    # a service that cannot be told anything listens on all addresses; its forwarder reaches it on 127.0.0.1
+    assert p["bare"][9000]["address"] == "0.0.0.0" and p["bare"][9000]["forward"] == f"0.0.0.0:{ports[2]}"
+    err = (converted / "convert.err").read_text()
+    assert "cannot tell it another port" not in err
+    header = (converted / "header.sh").read_text()
+    assert f"S_FORWARDS=(0.0.0.0:{ports[0]} {own('web')}:8000)" in header
+    assert f"S_FORWARDS=(0.0.0.0:{ports[2]} 127.0.0.1:9000)" in header
+    assert os.access(converted / "bin" / "c2s-forward", os.X_OK)
+
+
+def test_published_ports_claim_their_place_first_and_a_privileged_one_moves_its_forwarder(converted, ports):
+    p, base = plan_ports(converted), ports[6]
+    assert p["inner"][ports[0]]["host"] != ports[0]  # the internal port moved, the published one stayed
+    assert base <= p["inner"][ports[0]]["host"] < base + 100
+    forward_port = int(p["priv"][8001]["forward"].rsplit(":", 1)[1])
+    assert base <= forward_port < base + 100 and p["priv"][8001]["host"] == 8001
+    assert (f"service 'priv': published port 80 is privileged; it is published on 0.0.0.0:{forward_port} instead "
+            "(forwarded to its port 8001)") in (converted / "convert.err").read_text()
+    low = p["low"][80]
+    assert base <= low["host"] < base + 100 and low["forward"] == f"0.0.0.0:{ports[4]}"
+    same = p["same"][ports[5]]
+    assert same["forward"] is None and same["address"] == "0.0.0.0" and same["host"] == ports[5]
+
+
+# ---- run.sh: forwarders and what services really listen on ------------------------------------
+
+@pytest.fixture
+def project(converted, tmp_path):
+    shutil.copytree(converted, tmp_path / "out", symlinks=True)
+    (tmp_path / "out" / "state" / "run").mkdir(parents=True)
+    (tmp_path / "out" / "state" / "logs").mkdir(parents=True)
+    started = []
+    yield tmp_path, started
+    for proc in started:
+        with_group = proc.pid
+        try:
+            os.killpg(with_group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def bash(tmp_path, script, **env):
+    """The project's header and run/lib/*.sh, then SCRIPT (with `$1`... from nothing)."""
+    text = (f'source {tmp_path}/out/header.sh && for f in {RUN}/lib/*.sh; do source "$f"; done && '
+            'RT=/bin/false && ' + script)
+    return subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env})
+
+
+def standin_server(started, address, port, name):
+    """A STAND-IN SERVER (answers HTTP) on ADDRESS:PORT, run by a stand-in instance init (bash, its
+    parent): the pid returned is the init's."""
+    code = (f"import http.server as h; h.HTTPServer(({address!r}, {port}), h.SimpleHTTPRequestHandler)"
+            ".serve_forever()")
+    proc = subprocess.Popen(["bash", "-c", f'python3 -c "$1" {name} & wait', "c2s-standin-init", code],
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started.append(proc)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1" if address in ("0.0.0.0", "") else address, port), 0.2).close()
+            return proc.pid
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"the stand-in server on {address}:{port} did not start")
+
+
+def get(url):
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.status
+
+
+def listens(port):
+    return any(f":{port:04X} " in line and line.split()[3] == "0A"
+               for table in ("/proc/net/tcp", "/proc/net/tcp6") for line in open(table).read().splitlines()[1:])
+
+
+def test_a_forwarder_answers_on_the_published_port_and_goes_with_stop(project, ports):
+    tmp_path, started = project
+    standin_server(started, own("web"), 8000, "c2s-standin-web")
+    proc = bash(tmp_path, 'load_service web && start_forwarders && cat "$RUNDIR/web.forward"')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pid = int(proc.stdout.split()[0])
+    assert proc.stdout.split()[2:] == [f"0.0.0.0:{ports[0]}", f"{own('web')}:8000"]
+    assert "c2s-forward" in open(f"/proc/{pid}/cmdline").read()  # shown as itself in `ps`
+    # clients on the node: localhost:P and 127.0.0.1:P, as under Docker
+    assert get(f"http://127.0.0.1:{ports[0]}/") == 200
+    assert get(f"http://localhost:{ports[0]}/") == 200
+    # a second start finds it running
+    again = bash(tmp_path, 'load_service web && start_forwarders && cat "$RUNDIR/web.forward"')
+    assert again.stdout == proc.stdout
+    stop = bash(tmp_path, 'stop_forwarders web && wait_ended "${FORWARDERS_ENDED[@]}" && ls "$RUNDIR"')
+    assert stop.returncode == 0 and "web.forward" not in stop.stdout, stop.stderr
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
+    assert not listens(ports[0])
+
+
+def test_a_published_port_held_by_another_process_is_named(project, ports):
+    tmp_path, started = project
+    holder = standin_server(started, "127.0.0.1", ports[3], "c2s-standin-holder")
+    proc = bash(tmp_path, "load_service local && start_forwarders")
+    assert proc.returncode != 0
+    assert (f"its published port 127.0.0.1:{ports[3]} (forwarded to {own('local')}:7000) is held by another "
+            f"process on this node (pid ") in proc.stdout, proc.stdout
+    child = open(f"/proc/{holder}/task/{holder}/children").read().split()[0]  # the stand-in server itself
+    assert f"(pid {child}: python3 -c import http.server" in proc.stdout and proc.stdout.endswith(", of user root)\n" if
+                                                                                                 os.getuid() == 0 else ")\n")
+
+
+def test_a_service_on_all_interfaces_is_told_in_one_line_and_shown_by_ps(project, ports):
+    tmp_path, started = project
+    init = standin_server(started, "0.0.0.0", 8000, "c2s-standin-web")  # told its address, listens on all
+    proc = bash(tmp_path, 'load_service web && IPID=$1 && record_truth && tell_truth run.sh: web'
+                .replace("$1", str(init)))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines == [
+        "run.sh: service web: listens on all interfaces (0.0.0.0:8000), where nothing is published: anyone who "
+        "reaches this node reaches it, and it holds port 8000 on every address (tell it its address: "
+        "x-compose2sif: {bind_address: {env: VAR}})"], lines
+    # ps: the forwarder's published port beside the service's, the line as its warning
+    ps = bash(tmp_path, f"source {RUN}/cmd/ps.sh && load_service web && ps_row 0 running none && "
+                        'printf "%s\\n" "${PS_ROWS[@]}"; PS_JSON=1 && ps_row 0 running none && echo "${PS_ROWS[0]}"')
+    table, row = ps.stdout.splitlines()[:6], json.loads(ps.stdout.splitlines()[6])
+    assert table[4] == f"0.0.0.0:{ports[0]}->{own('web')}:8000"
+    assert row["published"] == [f"0.0.0.0:{ports[0]}->{own('web')}:8000"]
+    assert row["warnings"][0].startswith("listens on all interfaces (0.0.0.0:8000)")
+
+
+def test_a_planned_port_that_never_opened_names_where_it_listens_and_who_holds_it(project, ports):
+    tmp_path, started = project
+    init = standin_server(started, "127.0.0.1", 8000, "c2s-standin-web")  # not on its own address
+    proc = bash(tmp_path, f"load_service web && IPID={init} && record_truth && cat \"$RUNDIR/web.truth\"")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (f"does not listen on its planned {own('web')}:8000 (it listens on: 127.0.0.1:8000); "
+                                   f"its published port 0.0.0.0:{ports[0]} forwards there"), proc.stdout
+
+
+def test_a_listener_on_another_services_endpoint_names_that_service(project, ports):
+    tmp_path, started = project
+    # `bare` listens on all addresses on port 7000, where `local` is planned: local cannot open it
+    init = standin_server(started, "0.0.0.0", 7000, "c2s-standin-bare")
+    proc = bash(tmp_path, f"load_service bare && IPID={init} && record_truth && cat \"$RUNDIR/bare.truth\"")
+    assert (f"listens on 0.0.0.0:7000, where service local is planned ({own('local')}:7000): local cannot open it"
+            in proc.stdout.splitlines()), proc.stdout
+    # and the holder of local's endpoint is named as a service of this project, through its instance's init
+    (tmp_path / "listing.json").write_text(json.dumps({"instances": [{"instance": "x", "pid": init}]}))
+    inode = next(l.split()[9] for l in open("/proc/net/tcp").read().splitlines()[1:]
+                 if l.split()[1] == "00000000:1B58" and l.split()[3] == "0A")
+    who = bash(tmp_path, f'listed_instances() {{ echo "$(load_service bare; echo "$S_INSTANCE") {init}"; }}; '
+                         f'load_service local && describe_holder {os.getuid()} {inode} && echo "$HOLDER"')
+    assert who.stdout.startswith("service bare of this project (pid "), who.stdout + who.stderr
+
+
+def test_doctor_shows_what_up_found_and_checks_the_forwarders_endpoint(project, ports):
+    from compose2sif.doctor import plan_lines
+    tmp_path, _ = project
+    (tmp_path / "out" / "state" / "run" / "web.truth").write_text("listens on all interfaces (0.0.0.0:8000), ...\n")
+    lines = plan_lines(str(tmp_path / "out"))
+    assert ("warn", "service web at run time: listens on all interfaces (0.0.0.0:8000), ...") in lines
+    assert ("ok", f"service web: published 0.0.0.0:{ports[0]} is free") in lines
+
+
+def test_a_running_forwarder_of_this_output_dir_is_not_in_the_way_of_converting_again(converted, ports, tmp_path):
+    from compose2sif.convert import _previous_endpoints
+    assert ("0.0.0.0", ports[0]) in _previous_endpoints(str(converted))
+    assert ("127.0.0.1", ports[3]) in _previous_endpoints(str(converted))
