@@ -136,7 +136,11 @@ def runtime_lines() -> List[Line]:
         lines.append(("warn", f"definition files build here with the root-mapped fakeroot ({user} has no range in "
                               "/etc/subuid), where some package installs fail (fix: ask the admins for a "
                               "subuid/subgid range, or build elsewhere and copy the SIF)"))
-    lines.append(sessiondir_line(mode))
+    if mode.mode == "setuid" and mode.flavour == "apptainer":  # run.sh's writable root (run/lib/runtime.sh)
+        lines.append(("ok", "writable root: a directory overlay on disk, mounted by the setuid starter with the "
+                            "kernel's overlayfs, holding user-owned copies of the image's directories"))
+    else:
+        lines.append(sessiondir_line(mode))
     if mode.mode == "setuid":
         # the starter mounts SIFs and overlays with the kernel; squashfuse only where the admins
         # keep the kernel's squashfs mount from users (Apptainer >= 1.2: allow setuid-mount squashfs)

@@ -161,6 +161,11 @@ def test_up_starts_an_instance_with_the_services_env_and_reports_one_that_ends_a
     assert start[-2:] == [sif, instance]
     assert start[2:6] == ["--cleanenv", "--no-eval", "--env-file", env_file], start
     assert ["--bind", f"{project}/out/state/hosts:/etc/hosts:ro"] == start[6:8]
+    # a registry image is built from docker://REF: its start script is bound in, the definition's own
+    startscript = project / "out" / "state" / "run" / f"{Path(sif).stem}.startscript"
+    assert ["--bind", f"{startscript}:/.singularity.d/startscript:ro"] == start[8:10]
+    definition = (project / "out" / "definitions" / f"{Path(sif).stem}.def").read_text()
+    assert startscript.read_text() == "#!/bin/sh\n\n" + definition.split("%startscript\n", 1)[1]
     proc = run_verb(project, "up", "cmd_up", "-d", "nosuch")
     assert proc.returncode == 1 and "no such service: nosuch" in proc.stderr
 
@@ -266,6 +271,8 @@ def test_build_builds_into_the_cache_under_the_definitions_digest(project):
     builds = [c for c in calls(project) if c[:1] == ["build"] and c[-1] == str(definition)]
     assert len(builds) == 2, calls(project)  # the build, then its retry alone
     assert builds[0][1] == "--force" and builds[0][-2].startswith(f"{storage}/sif/{digest}.sif."), builds[0]
+    pulled = [c for c in calls(project) if c[:1] == ["build"] and c[-1] == "docker://busybox"]
+    assert pulled and "--fakeroot" not in pulled[0], calls(project)  # a registry image: no definition file
     assert run_verb(project, "build", "cmd_build", "--pul").stderr.strip() == \
         "run.sh: build: unknown argument --pul (usage: build [--pull] [--force])"
 
@@ -365,23 +372,26 @@ def test_runtime_mode_comes_from_buildcfg_and_the_config_and_is_asked_once(node_
     def buildcfg_calls():
         return sum(1 for c in calls(workdir) if c == ["buildcfg"])
 
-    assert runtime_mode_as(workdir, nobody) == "setuid tmpfs"
+    # Apptainer installed setuid takes a directory overlay (the kernel's); SingularityCE refuses it
+    assert runtime_mode_as(workdir, nobody) == "setuid overlay"
     assert buildcfg_calls() == 1
-    assert runtime_mode_as(workdir, nobody) == "setuid tmpfs" and buildcfg_calls() == 1  # kept in RUNDIR
+    assert runtime_mode_as(workdir, nobody) == "setuid overlay" and buildcfg_calls() == 1  # kept in RUNDIR
     assert runtime_mode_as(workdir, 0).startswith("root ")
     conf.write_text("allow setuid = no\n")  # the config is read each time: the runtime reads it each time
     assert runtime_mode_as(workdir, nobody).startswith("unprivileged ")
     conf.write_text("allow setuid = yes\n")
 
-    def answer(text):
+    def answer(text, root=False):
         (workdir / "run" / "runtime.buildcfg").unlink()
         (workdir / "buildcfg").write_text(text)
-        return runtime_mode_as(workdir, nobody).split()[0]
+        said = runtime_mode_as(workdir, nobody)
+        return said if root else said.split()[0]
 
     assert answer(f"APPTAINER_SUID_INSTALL=0\nLIBEXECDIR={workdir}/lib\nSYSCONFDIR={workdir}/etc\n") == "unprivileged"
     # SingularityCE and Singularity 3.x spell it SINGULARITY_*, their config singularity.conf
     (workdir / "etc" / "singularity" / "singularity.conf").write_text("allow setuid = yes\n")
-    assert answer(f"SINGULARITY_SUID_INSTALL=1\nLIBEXECDIR={workdir}/lib\nSYSCONFDIR={workdir}/etc\n") == "setuid"
+    assert answer(f"SINGULARITY_SUID_INSTALL=1\nLIBEXECDIR={workdir}/lib\nSYSCONFDIR={workdir}/etc\n",
+                  root=True) == "setuid tmpfs"
     (workdir / "lib" / "singularity" / "bin" / "starter-suid").chmod(0o755)  # built setuid, installed without the bit
     assert answer(f"SINGULARITY_SUID_INSTALL=1\nLIBEXECDIR={workdir}/lib\nSYSCONFDIR={workdir}/etc\n") == "unprivileged"
     assert answer("") == "unprivileged"  # a runtime with no buildcfg
@@ -408,29 +418,52 @@ def test_build_and_up_refuse_in_one_line_where_no_definition_can_be_built_and_us
     web = Path(service(node_dir, "web", "S_SIF")[0]).stem
     db = Path(service(node_dir, "db", "S_SIF")[0]).stem
 
+    # db runs a registry image: built from docker://busybox, no definition file, so not refused
     proc = run_verb(node_dir, "build", "cmd_build", **nobody)
     assert proc.returncode == 1
-    assert proc.stderr == (f"run.sh: images {db}, {web} cannot be built here: their definitions need fakeroot "
-                           f"(unprivileged {STANDIN}, no user namespaces); build them where user namespaces or root "
-                           f"exist (run.sh build there) and copy each to {out}/sif/KEY.sif, or use --remote where "
+    assert proc.stderr == (f"run.sh: image {web} cannot be built here: its definition needs fakeroot "
+                           f"(unprivileged {STANDIN}, no user namespaces); build it where user namespaces or root "
+                           f"exist (run.sh build there) and copy it to {out}/sif/{web}.sif, or use --remote where "
                            "the site has a build service\n"), proc.stderr
     proc = run_verb(node_dir, "up", "cmd_up", "-d", "web", **nobody)  # web depends on db
-    assert proc.returncode == 1 and f"images {db}, {web} cannot be built here" in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and f"image {web} cannot be built here" in proc.stderr, proc.stderr
     assert not [c for c in calls(node_dir) if c[0] in ("build", "instance")], calls(node_dir)  # nothing built or started
 
     (out / "sif").mkdir(exist_ok=True)
     (out / "sif" / f"{web}.sif").write_text("built elsewhere")  # dropped in place: no record of ours
     proc = run_verb(node_dir, "build", "cmd_build", **nobody)
-    assert proc.returncode == 1 and proc.stderr.startswith(
-        f"run.sh: image {db} cannot be built here: its definition needs fakeroot"), proc.stderr
-    assert f"copy it to {out}/sif/{db}.sif, or" in proc.stderr
+    assert "cannot be built here" not in proc.stderr, proc.stderr  # (the stand-in builds no SIF for db)
+    assert [c[-1] for c in calls(node_dir) if c[0] == "build"] == ["docker://busybox"] * 2, calls(node_dir)
     (out / "sif" / f"{db}.sif").write_text("built elsewhere")
     proc = run_verb(node_dir, "build", "cmd_build", **nobody)
     assert proc.returncode == 0, proc.stderr
-    assert not [c for c in calls(node_dir) if c[0] == "build"], calls(node_dir)
+    assert len([c for c in calls(node_dir) if c[0] == "build"]) == 2, calls(node_dir)  # none more
     assert (out / "sif" / f"{web}.sif").read_text() == "built elsewhere"
     proc = run_verb(node_dir, "build", "cmd_build", "--force", **nobody)  # --force would build them again
-    assert proc.returncode == 1 and f"images {db}, {web} cannot be built here" in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and f"image {web} cannot be built here" in proc.stderr, proc.stderr
     proc = run_verb(node_dir, "up", "cmd_up", "-d", "db", **nobody)  # started from the dropped SIF
     assert "cannot be built here" not in proc.stderr, proc.stderr
     assert [c for c in calls(node_dir) if c[:2] == ["instance", "start"]][0][-2] == str(out / "sif" / f"{db}.sif")
+
+
+def test_a_setuid_overlay_gets_user_owned_copies_of_the_images_unwritable_directories(tmp_path):
+    """In setuid mode the image's own find lists the directories the user cannot write (once per
+    SIF); each is made in the overlay's upper layer, names with spaces or newlines included. The
+    runtime here is a STAND-IN script that prints such a list and counts its calls."""
+    standin = tmp_path / "standin-runtime"
+    standin.write_text("#!/bin/sh\necho x >>\"$0.calls\"\nprintf '/etc\\0/var/lib/db\\0/opt/a b\\0/opt/new\\nline\\0'\n")
+    standin.chmod(0o755)
+    sif = tmp_path / "img.sif"
+    sif.write_text("")
+    (tmp_path / "run").mkdir()
+    script = (f'source {RUN}/lib/core.sh && source {RUN}/lib/runtime.sh && RUNDIR={tmp_path}/run RT={standin} '
+              f'S_SIF={sif} RT_MODE="$0" && shadow_image_dirs {tmp_path}/ov && shadow_image_dirs {tmp_path}/ov2')
+    subprocess.run(["bash", "-c", script, "setuid"], check=True, timeout=30)
+    for ov in ("ov", "ov2"):
+        upper = tmp_path / ov / "upper"
+        assert sorted(str(p.relative_to(upper)) for p in upper.rglob("*")) == \
+            ["etc", "opt", "opt/a b", "opt/new\nline", "var", "var/lib", "var/lib/db"]
+        assert (tmp_path / ov / "work").is_dir()
+    assert (tmp_path / "standin-runtime.calls").read_text() == "x\n"  # the list is kept in RUNDIR
+    subprocess.run(["bash", "-c", script.replace("/ov", "/ov3"), "unprivileged"], check=True, timeout=30)
+    assert not (tmp_path / "ov3").exists()

@@ -59,7 +59,7 @@ wait_build() {
 # from a registry tag is checked against the registry: a tag that moved is built again.
 build_one() {
     local key=$1 pull=${2:-0} def="$HERE/definitions/$1.def" sif="$HERE/sif/$1.sif" digest log cached flags=()
-    local force=${C2S_FORCE_BUILD:-0} ref want="" base
+    local force=${C2S_FORCE_BUILD:-0} ref want="" source
     # An image built FROM another image of the project is out of date when that one changed: its
     # digest covers the base's digest and the registry digest the base was pulled at.
     digest=$(image_digest "$key")
@@ -88,6 +88,7 @@ build_one() {
         build_state "$key" "taken from $SIF_CACHE"
         return 0
     fi
+    source=$(registry_source "$key") || source=$def
     if grep -q '^%post' "$def" && [ "$(id -u)" != 0 ]; then
         flags+=(--fakeroot)
     fi
@@ -104,7 +105,7 @@ build_one() {
         return 1
     fi
     # in the output directory: a localimage stage's From (sif/KEY.sif) is relative to it
-    if (cd "$HERE" && exec env "${BUILD_ENV[@]}" "$RT" build --force "${flags[@]}" "$cached.$$.tmp" "$def") >"$log" 2>&1 &&
+    if (cd "$HERE" && exec env "${BUILD_ENV[@]}" "$RT" build --force "${flags[@]}" "$cached.$$.tmp" "$source") >"$log" 2>&1 &&
         mv -f "$cached.$$.tmp" "$cached"; then
         if [ -n "$want" ]; then printf '%s\n' "$want" >"$cached.source"; else rm -f "$cached.source"; fi
         link_sif "$cached" "$sif" "$digest"
@@ -114,6 +115,48 @@ build_one() {
         build_state "$key" "failed (log: $log)"
         return 1
     fi
+}
+
+# The runtime's source for image $1 when its definition is only a registry image and the shared
+# start script (no %post, no other section or header): docker://REF, built without a definition
+# file, so without fakeroot, in every mode; the start script is bound in at start
+# (start_script_flags). Curated and Dockerfile images keep their definitions.
+registry_source() {
+    local line boot="" from="" section=""
+    while IFS= read -r line; do
+        case "$line" in
+            "" | \#*) ;;
+            %startscript) section=startscript ;;
+            %*) return 1 ;;
+            *)
+                if [ -n "$section" ]; then continue; fi
+                case "$line" in
+                    Bootstrap:*) boot=${line#Bootstrap:} boot=${boot// /} ;;
+                    From:*) from=${line#From:} from=${from// /} ;;
+                    *) return 1 ;;
+                esac
+                ;;
+        esac
+    done <"$HERE/definitions/$1.def"
+    [ "$boot" = docker ] && [ -n "$from" ] || return 1
+    printf 'docker://%s' "$from"
+}
+
+# For the loaded service, where its image comes from its registry source: its definition's
+# %startscript, as the runtime writes it into an image, in RUNDIR/KEY.startscript (services of one
+# image start side by side: each writes its own temporary file), bound over the image's own at start (an image built elsewhere from docker://REF has the runtime's default).
+start_script_flags() {
+    local key=${S_SIF##*/} line in=0 file
+    key=${key%.sif}
+    registry_source "$key" >/dev/null || return 0
+    file="$RUNDIR/$key.startscript"
+    {
+        printf '#!/bin/sh\n\n'
+        while IFS= read -r line; do
+            if [ "$in" = 1 ]; then printf '%s\n' "$line"; elif [ "$line" = %startscript ]; then in=1; fi
+        done <"$HERE/definitions/$key.def"
+    } >"$file.$BASHPID" && chmod 0755 "$file.$BASHPID" && mv -f "$file.$BASHPID" "$file" || return 1
+    START_FLAGS+=(--bind "$file:/.singularity.d/startscript:ro")
 }
 
 # What build_one keeps beside image $1's SIF (sif/KEY.sif.digest): the digest of its definition
@@ -143,7 +186,8 @@ can_fakeroot() {
     [ "${max:-0}" -gt 0 ]
 }
 
-# Before anything is built or started: the images among $2... that would have to be built here
+# Before anything is built or started: the images among $2... that would have to be built here from
+# a definition file
 # (no SIF that is up to date, in the shared SIF cache or put in place by hand; every one with $1=1:
 # build --force, or up's images that have no SIF) where no definition file can be built end run.sh
 # in one line, with the ways out.
@@ -152,6 +196,7 @@ refuse_unbuildable() {
     shift
     can_fakeroot && return 0
     for key in "$@"; do
+        registry_source "$key" >/dev/null && continue  # (no definition file to build)
         if [ "$force" != 1 ]; then
             sif_dropped "$key" && continue
             digest=$(image_digest "$key" 2>/dev/null)

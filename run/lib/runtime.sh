@@ -31,10 +31,11 @@ detect_runtime() {
 
 # The image's root filesystem is writable, as under Docker (entrypoints that copy a script to /,
 # logs in /var/log, schedule files in the app directory), and its changes go when the service
-# stops: a directory overlay where the runtime runs unprivileged with fuse-overlayfs (on disk, no
-# size cap), else --writable-tmpfs (in memory, capped by the runtime's "sessiondir max size").
-# Setuid installs refuse directory overlays to users. C2S_WRITABLE_ROOT=overlay|tmpfs|none
-# overrides. Measured in docs/writable-paths.md.
+# stops: a directory overlay where the runtime runs unprivileged with fuse-overlayfs, or is
+# Apptainer installed setuid (the starter mounts it with the kernel's overlayfs; on disk, no size
+# cap), else --writable-tmpfs (in memory, capped by the runtime's "sessiondir max size";
+# SingularityCE refuses directory overlays to users in setuid mode). C2S_WRITABLE_ROOT=
+# overlay|tmpfs|none overrides. Measured in docs/writable-paths.md.
 # (overlayfs leaves its work directory mode 000: make it removable first)
 remove_overlay() {
     [ -e "$STATE/overlay/$1" ] || return 0
@@ -49,7 +50,9 @@ writable_root_mode() {
         return
     fi
     runtime_mode
-    if [ "$RT_MODE" != setuid ] && command -v fuse-overlayfs >/dev/null 2>&1; then
+    if [ "$RT_MODE" = setuid ] && [ "$RT_FLAVOUR" = apptainer ]; then
+        WRITABLE_ROOT=overlay
+    elif [ "$RT_MODE" != setuid ] && command -v fuse-overlayfs >/dev/null 2>&1; then
         WRITABLE_ROOT=overlay
     else
         WRITABLE_ROOT=tmpfs
@@ -65,7 +68,7 @@ writable_root_mode() {
 # SYSCONFDIR (`allow setuid = no` in its config turns setuid off). compose2sif doctor decides the
 # same way (doctor.runtime_mode). buildcfg's answer is kept in RUNDIR, asked again when the
 # runtime's binary is newer than it.
-RT_MODE=""
+RT_MODE="" RT_FLAVOUR=""
 runtime_mode() {
     [ -n "$RT_MODE" ] && return 0
     if [ "$(id -u)" = 0 ]; then
@@ -92,6 +95,7 @@ runtime_mode() {
         esac
     done <<<"$cfg"
     [ -n "$flavour" ] || flavour=singularity
+    RT_FLAVOUR=$flavour
     starter="$libexec/$flavour/bin/starter-suid"
     while IFS= read -r line; do  # the last `allow setuid` line counts, as for the runtime
         line=${line//[[:space:]]/}
@@ -112,4 +116,25 @@ ENV_FLAGS=()
 env_flags() {
     local file=${1:-$S_ENV}
     ENV_FLAGS=(--cleanenv "${EVAL_FLAGS[@]}" --env-file "${file%.env}$ENV_SUFFIX")
+}
+
+# In setuid mode the service runs as the user, without fakeroot, and the kernel's overlayfs checks
+# the user's rights: the image's directories (root's, or another user's) stay unwritable under a
+# directory overlay, where Docker's root writes anywhere (an entrypoint's initdb into
+# /var/lib/..., a pid file in /run/...). A directory in the overlay's upper layer gives its merged
+# directory its owner and mode, and the image's files still show through it: each directory of the
+# image that the user cannot write is made in overlay $1's upper layer, owned by the user, so the
+# user can create and remove files anywhere, as root could; the image's own files stay read-only.
+# The list comes from the image (its `find`; none where it has no find) once per SIF, kept in
+# RUNDIR/KEY.sif.dirs.
+shadow_image_dirs() {
+    [ "$RT_MODE" = setuid ] || return 0
+    local list="$RUNDIR/${S_SIF##*/}.dirs"
+    if ! [ -f "$list" ] || [ "$S_SIF" -nt "$list" ]; then
+        "$RT" exec "$S_SIF" find / -xdev -type d ! -perm -0002 ! -user "$(id -u)" -print0 >"$list.$$" 2>/dev/null
+        mv -f "$list.$$" "$list"
+    fi
+    mkdir -p "$1/upper" "$1/work" || return 0
+    (cd "$1/upper" && sed -z 's|^/|./|' "$list" | xargs -0 -r mkdir -p 2>/dev/null)
+    return 0
 }

@@ -58,6 +58,7 @@ runtime_flags() {
     env_flags
     START_FLAGS=("${ENV_FLAGS[@]}")
     START_FLAGS+=(--bind "$STATE/hosts:/etc/hosts:ro")
+    start_script_flags
     [ -e "$RUNDIR/$S_NAME.fakeroot" ] && START_FLAGS+=(--fakeroot)
     local b src rest
     for b in "${S_BINDS[@]}"; do
@@ -74,7 +75,7 @@ runtime_flags() {
     [ "$S_WRITABLE_TMPFS" = 1 ] && root=tmpfs
     case "$root" in
         overlay)
-            remove_overlay "$S_NAME" && mkdir -p "$STATE/overlay/$S_NAME"
+            remove_overlay "$S_NAME" && mkdir -p "$STATE/overlay/$S_NAME" && shadow_image_dirs "$STATE/overlay/$S_NAME"
             START_FLAGS+=(--overlay "$STATE/overlay/$S_NAME")
             ;;
         tmpfs) START_FLAGS+=(--writable-tmpfs) ;;
