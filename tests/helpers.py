@@ -21,6 +21,35 @@ REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standins" / "recording-standin-apptainer"
 
 
+def converted_on_standin(tmp_path: Path, compose: str, runtime: Path = STANDIN):
+    """`compose` (dedented) converted offline from tmp_path/proj into tmp_path/out, a stand-in file put
+    in place of each image's SIF; returns (out, run), run(*args) running out/run.sh with `runtime`
+    (the RECORDING STAND-IN by default) recording into tmp_path/record."""
+    import json
+    import textwrap
+    (tmp_path / "proj").mkdir(exist_ok=True)
+    (tmp_path / "proj" / "compose.yaml").write_text(textwrap.dedent(compose))
+    (tmp_path / "instances").mkdir(exist_ok=True)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO), "C2S_RUNTIME": str(runtime),
+           "C2S_RECORD": str(tmp_path / "record"), "C2S_STANDIN_INSTANCES": str(tmp_path / "instances"),
+           "C2S_SIF_CACHE": str(tmp_path / "sif-cache")}
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(out)],
+                   cwd=tmp_path / "proj", env=env, check=True, capture_output=True, timeout=120)
+    for key in json.loads((out / "plan.json").read_text())["images"]:
+        (out / "sif" / f"{key}.sif").write_text("stand-in image\n")
+
+    def run(*args):
+        return subprocess.run([str(out / "run.sh"), *args], env=env, capture_output=True, text=True, timeout=120)
+    return out, run
+
+
+def recorded_calls(tmp_path: Path) -> List[List[str]]:
+    """The argv of each runtime call the recording stand-in wrote to tmp_path/record."""
+    text = (tmp_path / "record").read_text() if (tmp_path / "record").exists() else ""
+    return [c.split("\0")[:-1] for c in text.split("\036") if c]
+
+
 # Where a generated run.sh's project data ends and the engine (run/'s files, the same in every
 # run.sh) begins; render writes this line.
 ENGINE_MARKER = "# ---- the engine (the same for every project"

@@ -5,14 +5,11 @@ one test wraps it in a FAILING-STEP STAND-IN (written below) whose `exec` of one
 Apptainer runs the steps in tests/e2e/test_pre_start_e2e.py."""
 import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 from compose2sif.errors import ComposeError
-from helpers import REPO, STANDIN
+from helpers import STANDIN, converted_on_standin as converted, recorded_calls
 from test_plan import plan_for
 
 COMPOSE = """
@@ -82,27 +79,9 @@ def test_a_step_image_with_a_newline_is_refused_with_its_key(tmp_path):
     assert "services.app.pre_start[0].image" in str(err.value)
 
 
-def converted(tmp_path, compose, runtime=STANDIN):
-    (tmp_path / "proj").mkdir(exist_ok=True)
-    (tmp_path / "proj" / "compose.yaml").write_text(textwrap.dedent(compose))
-    (tmp_path / "instances").mkdir(exist_ok=True)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO), "C2S_RUNTIME": str(runtime),
-           "C2S_RECORD": str(tmp_path / "record"), "C2S_STANDIN_INSTANCES": str(tmp_path / "instances"),
-           "C2S_SIF_CACHE": str(tmp_path / "sif-cache")}
-    out = tmp_path / "out"
-    subprocess.run([sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(out)],
-                   cwd=tmp_path / "proj", env=env, check=True, capture_output=True, timeout=120)
-    for key in json.loads((out / "plan.json").read_text())["images"]:
-        (out / "sif" / f"{key}.sif").write_text("stand-in image\n")
-    run = lambda *args: subprocess.run([str(out / "run.sh"), *args], env=env, capture_output=True,  # noqa: E731
-                                       text=True, timeout=120)
-    return out, run
-
-
 def step_runs(tmp_path):
     """The recorded `exec`s of pre_start steps: (env file, SIF)."""
-    text = (tmp_path / "record").read_text() if (tmp_path / "record").exists() else ""
-    runs = [c.split("\0")[:-1] for c in text.split("\036") if c]
+    runs = recorded_calls(tmp_path)
     return [(c[c.index("--env-file") + 1], c[-2]) for c in runs
             if c[:1] == ["exec"] and c[-1] == "/.singularity.d/startscript" and ".pre_start." in " ".join(c)]
 

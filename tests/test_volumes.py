@@ -149,14 +149,10 @@ def test_docker_socket_paths():
 
 # ---- run.sh, under the RECORDING STAND-IN for apptainer (tests/standins), in its running mode ----
 
-import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-STANDIN = REPO / "tests" / "standins" / "recording-standin-apptainer"
+from helpers import REPO, converted_on_standin as converted, recorded_calls as calls  # noqa: E402
 
 RUN_COMPOSE = """
 services:
@@ -171,28 +167,6 @@ services:
       - /var/run/docker.sock:/var/run/docker.sock
 volumes: {data: {}, full: {}, cache: {}}
 """
-
-
-def converted(tmp_path, compose):
-    (tmp_path / "proj").mkdir()
-    (tmp_path / "proj" / "compose.yaml").write_text(compose)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO), "C2S_RUNTIME": str(STANDIN),
-           "C2S_RECORD": str(tmp_path / "record"), "C2S_STANDIN_INSTANCES": str(tmp_path / "instances"),
-           "C2S_SIF_CACHE": str(tmp_path / "sif-cache")}
-    (tmp_path / "instances").mkdir()
-    out = tmp_path / "out"
-    subprocess.run([sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(out)],
-                   cwd=tmp_path / "proj", env=env, check=True, capture_output=True, timeout=120)
-    for key in json.loads((out / "plan.json").read_text())["images"]:
-        (out / "sif" / f"{key}.sif").write_text("stand-in image\n")
-    run = lambda *args: subprocess.run([str(out / "run.sh"), *args], env=env, capture_output=True,  # noqa: E731
-                                       text=True, timeout=120)
-    return out, run
-
-
-def calls(tmp_path):
-    text = (tmp_path / "record").read_text() if (tmp_path / "record").exists() else ""
-    return [c.split("\0")[:-1] for c in text.split("\036") if c]
 
 
 def test_up_fills_only_empty_volumes_makes_mount_points_and_leaves_the_socket_out(tmp_path):
