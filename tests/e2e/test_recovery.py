@@ -60,7 +60,11 @@ def supervisors(node):
 def up_healthy(node):
     proc = run_sh(node, "up -d", timeout=900)
     assert proc.returncode == 0, proc.stderr
-    state, _ = ps(node)
+    for _ in range(150):  # `up -d` waits only where a dependent asks: health may still be starting
+        state, _ = ps(node)
+        if all(state[name]["health"] == "healthy" for name in ("db", "api", "worker")):
+            break
+        time.sleep(0.2)
     for name in LONG_RUNNING:
         assert state[name]["state"] == "running", state[name]
     for name in ("db", "api", "worker"):
