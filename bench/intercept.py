@@ -125,17 +125,33 @@ def main() -> None:
     ap.add_argument("--connects", type=int, default=200000, help="per connect measurement")
     ap.add_argument("--server", help="a server command binding 0.0.0.0:{port} (default: Python's)")
     ap.add_argument("--path", default="/", help="the path the client asks for")
+    ap.add_argument("--prebuilt", type=Path, help="a directory holding c2s-loopback and loops built "
+                    "elsewhere with --build-only (for a machine without cc)")
+    ap.add_argument("--build-only", type=Path, help="build c2s-loopback and loops into this directory and stop")
     args = ap.parse_args()
 
+    if args.build_only:
+        args.build_only.mkdir(parents=True, exist_ok=True)
+        build(args.build_only)
+        return
+    if args.prebuilt:
+        measure(args, args.prebuilt)
+        return
     with tempfile.TemporaryDirectory(prefix="c2s-intercept-bench-") as work:
+        build(Path(work))
         measure(args, Path(work))
+
+
+def build(work: Path) -> None:
+    """The tracer and the C loops, both static (so they run on a machine without cc)."""
+    subprocess.run([str(SOURCE / "build.sh"), str(work / "c2s-loopback")], check=True)
+    (work / "loops.c").write_text(LOOPS)
+    subprocess.run(["cc", "-O2", "-static", "-pthread", "-o", str(work / "loops"), str(work / "loops.c")],
+                   check=True)
 
 
 def measure(args, work: Path) -> None:
     tracer = work / "c2s-loopback"
-    subprocess.run([str(SOURCE / "build.sh"), str(tracer)], check=True)
-    (work / "loops.c").write_text(LOOPS)
-    subprocess.run(["cc", "-O2", "-pthread", "-o", str(work / "loops"), str(work / "loops.c")], check=True)
 
     def under_tracer(argv, traced):
         return [str(tracer), "--addr", ADDR, "--", *argv] if traced else argv

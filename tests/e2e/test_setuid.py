@@ -146,8 +146,11 @@ def _leftovers(node, out):
     """What a stack left behind on the node: instances, processes of the user, mounts and loop
     devices that name the output directory (looked up as root, in every process's mount table)."""
     listed = json.loads(node.run("apptainer instance list --json", check=True).stdout).get("instances", [])
-    ps = node.run("ps -u hpc -o pid=,comm=,args=", check=True).stdout.splitlines()
-    stray = [line for line in ps if line.split()[1] not in ("ps", "bash", "su", "sh")]
+    ps = node.run("ps -u hpc -o pid=,ppid=,stat=,comm=,args=", check=True).stdout.splitlines()
+    # a zombie handed to the machine's init holds nothing and is init's to reap (this machine's
+    # init reaps late); a zombie with any other parent is counted, and so is that parent
+    stray = [line for line in ps if line.split()[3] not in ("ps", "bash", "su", "sh")
+             and not (line.split()[2].startswith("Z") and line.split()[1] == "1")]
     path = str(node.home / out)
     mounts = set()
     for mountinfo in Path("/proc").glob("[0-9]*/mountinfo"):
