@@ -131,15 +131,18 @@ def test_the_pypi_definition_builds_with_sm70_code_for_v100(request):
 
         # `vllm --version` builds every subcommand's parser first, and `serve`'s needs a platform: with no
         # GPU, vllm's CLI runs on its CPU platform, as check-v100.py runs `vllm serve --help`
-        version = node.run(f"apptainer exec {sif} python3 -c \"{VLLM_VERSION}\"", check=True, timeout=600).stdout.split()
+        # the image keeps its caches on /cache (its %environment): bound to scratch, as its users do
+        run = f"apptainer exec -B {work}/vllm-cache:/cache"
+        node.run(f"mkdir -p {work}/vllm-cache", check=True)
+        version = node.run(f"{run} {sif} python3 -c \"{VLLM_VERSION}\"", check=True, timeout=600).stdout.split()
         assert version[-1] == "0.19.1", version
-        node.run(f'apptainer exec {sif} python3 -c "import ray"', check=True, timeout=600)
-        flags = node.run(f"apptainer exec {sif} python3 -c 'import torch; print(torch._C._cuda_getArchFlags())'",
+        node.run(f'{run} {sif} python3 -c "import ray"', check=True, timeout=600)
+        flags = node.run(f"{run} {sif} python3 -c 'import torch; print(torch._C._cuda_getArchFlags())'",
                          check=True, timeout=600).stdout.split()
         assert "sm_70" in flags, flags
         # the image's own check on the wheel of the first release without sm_70: one line, exit 1
         shutil.copy(no_sm70_wheel, node.scratch / "vllm-build")
-        moved = node.run(f"apptainer exec -B {work} --env PIP_INDEX_URL={index_url},TMPDIR={work}/tmp {sif} "
+        moved = node.run(f"{run} -B {work} --env PIP_INDEX_URL={index_url},TMPDIR={work}/tmp {sif} "
                          f"python3 /opt/check-v100.py {work}/{no_sm70_wheel.name}", timeout=600)
         assert moved.returncode == 1, moved.stdout + moved.stderr
         assert len(moved.stderr.splitlines()) == 1, moved.stderr
