@@ -118,9 +118,9 @@ def test_the_pypi_definition_builds_with_sm70_code_for_v100(request):
         assert build.returncode == 0, log[-6000:]
         # the build-time check ran in %post and passed, on the installed torch and vllm
         # (sm_70 anywhere in the list: _C's starts at sm_52)
-        assert re.search(r"^check-v100: torch 2\.10\.0\+cu128: arch flags .*\bsm_70\b", log, re.M), log[-6000:]
-        assert re.search(r"^check-v100: vllm _C\.abi3\.so: cubins for .*\bsm_70\b", log, re.M)
-        assert re.search(r"^check-v100: vllm _moe_C\.abi3\.so: cubins for .*\bsm_70\b", log, re.M)
+        assert re.search(r"^check-v100: torch 2\.10\.0\+cu128: arch flags .*\bsm_70\b", log, re.MULTILINE), log[-6000:]
+        assert re.search(r"^check-v100: vllm _C\.abi3\.so: cubins for .*\bsm_70\b", log, re.MULTILINE)
+        assert re.search(r"^check-v100: vllm _moe_C\.abi3\.so: cubins for .*\bsm_70\b", log, re.MULTILINE)
         assert "check-v100: vllm serve --help: runs" in log
         assert "check-v100: ok: sm_70 code for a V100 is there" in log
 
