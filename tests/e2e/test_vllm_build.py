@@ -9,7 +9,7 @@ cannot verify this network's TLS interception) and served to the build as a PyPI
 127.0.0.1 through the definition's PIP_INDEX_URL build argument, as a site's mirror would be.
 
 Opt-in, never in the default run:
-    nice -n 19 flock /tmp/c2s-e2e.lock env PYTHONPATH=$PWD python3 -m pytest tests/e2e/test_vllm_build.py -m vllm_build -s
+    nice -n 19 flock /tmp/c2s-e2e.lock env PYTHONPATH=$PWD python3 -m pytest --e2e -m vllm_build tests/e2e/test_vllm_build.py -s
 """
 import os
 import re
