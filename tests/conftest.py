@@ -1,9 +1,9 @@
 """What the whole suite shares: the --e2e option, and fixtures more than one module uses.
 
-`python3 -m pytest -q -n auto` runs the unit tests, spread over the CPUs by pytest-xdist (without
-`-n` they run one after another, as well). The end-to-end tests (tests/e2e, marked e2e: real
-Apptainer on the test bed that tests/e2e/provision.sh builds as root) run only with --e2e, all on
-one xdist worker, in order: they share the one test bed and its node."""
+`python3 -m pytest -q` runs the unit tests spread over the CPUs by pytest-xdist, as `-n auto` does
+(`-n 0`, `-p no:xdist` or a missing pytest-xdist: one after another). The end-to-end tests
+(tests/e2e, marked e2e: real Apptainer on the test bed that tests/e2e/provision.sh builds as root)
+run only with --e2e, all on one xdist worker, in order: they share the one test bed and its node."""
 import os
 import subprocess
 from pathlib import Path
@@ -38,6 +38,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 _E2E_LEFT_OUT = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns "auto" into a number of workers
+def pytest_cmdline_main(config):
+    # the suite runs on every CPU unless told otherwise (-n N, -n 0, -p no:xdist): a plain
+    # `python3 -m pytest` is as fast as the README's `-n auto`
+    if (config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None
+            and not hasattr(config, "workerinput") and not config.option.usepdb
+            and not config.option.collectonly):
+        config.option.numprocesses = "auto"
 
 
 def pytest_configure(config):
