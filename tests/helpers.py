@@ -34,8 +34,8 @@ def converted_on_standin(tmp_path: Path, compose: str, runtime: Path = STANDIN):
            "C2S_RECORD": str(tmp_path / "record"), "C2S_STANDIN_INSTANCES": str(tmp_path / "instances"),
            "C2S_SIF_CACHE": str(tmp_path / "sif-cache")}
     out = tmp_path / "out"
-    subprocess.run([sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(out)],
-                   cwd=tmp_path / "proj", env=env, check=True, capture_output=True, timeout=120)
+    proc = compose2sif_forked(["convert", "--offline", "-o", str(out)], tmp_path / "proj", env)
+    assert proc.returncode == 0, proc.stderr
     for key in json.loads((out / "plan.json").read_text())["images"]:
         (out / "sif" / f"{key}.sif").write_text("stand-in image\n")
 

@@ -12,12 +12,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers import compose2sif_forked
 from oracle import base_env, differences, oracle_mark, run_oracle, run_ours
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,8 +29,7 @@ CI = bool(os.environ.get("CI"))
 
 
 def c2s(*args, cwd=REPO, env=None):
-    return subprocess.run([sys.executable, "-m", "compose2sif", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    return compose2sif_forked(list(args), cwd, {**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
 
 
 def converted(tmp_path: Path, compose: Path, env=None) -> Path:
