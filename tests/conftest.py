@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from helpers import REPO, STANDIN, compose2sif_forked
 
 E2E_DIR = Path(__file__).resolve().parent / "e2e"
@@ -51,6 +52,8 @@ def pytest_cmdline_main(config):
 
 
 def pytest_configure(config):
+    if config.pluginmanager.hasplugin("cacheprovider"):  # results kept between sessions (helpers.remembered)
+        helpers.RESULTS = config.cache.mkdir("c2s-results")
     # `-n N` alone (xdist's --dist load) would deal the e2e tests out to several workers, each
     # entering the test bed: group them, on the controller and on each worker
     if getattr(config.option, "numprocesses", None) and config.option.dist in ("no", "load"):

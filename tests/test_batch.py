@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import compose2sif_forked
+from helpers import compose2sif_forked, shellcheck_passes
 from oracle import base_env, differences, oracle_mark, run_oracle, run_ours
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,8 +70,7 @@ def shellcheck(text: str, tmp_path: Path) -> None:
         pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
     script = tmp_path / "check.sh"
     script.write_text(text)
-    check = subprocess.run(["shellcheck", "-s", "bash", str(script)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout
+    shellcheck_passes([script])
 
 
 # ---- what is written ---------------------------------------------------------------------------
