@@ -359,6 +359,10 @@ def _standin_job(tmp_path, pack=False, openmpi=False):
     extra = ["--launcher", FLOW_DOCUMENTED] if pack and openmpi else []
     job_text, _ = render(out, "pjm", "--group", "g", "--interface", "lo", *extra)
     job_text = job_text.replace("cluster_timeout=600", "cluster_timeout=20")
+    # a grace of 3 s (the stack's is 10) still outlasts the Ray stand-in's 1 s stop, and shortens the
+    # job's wait (2 graces + 15 s) for node parts that a launcher killed before they could say so
+    assert "\nray_grace=10  #" in job_text
+    job_text = job_text.replace("\nray_grace=10  #", "\nray_grace=3  #")
     job_text = job_text.replace("OMPI_MCA_plm_rsh_agent=/bin/pjrsh", f"OMPI_MCA_plm_rsh_agent={bin_dir}/pjrsh")
     job = tmp_path / "job.sh"
     job.write_text(job_text)
