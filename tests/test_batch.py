@@ -331,10 +331,14 @@ wait
 
 
 STANDIN_PJRSH = r"""#!/bin/bash
-# STAND-IN for PJM's pjrsh HOST COMMAND: runs OpenMPI's orted here, as simulated node HOST
+# STAND-IN for PJM's pjrsh HOST COMMAND: runs OpenMPI's orted here, as simulated node HOST, with a
+# temporary directory of its own as a node has (OpenMPI's session directory is made there: mpirun
+# and an orted making the same one on this one machine race, and one fails with "File exists")
 host=$1
 shift
-C2S_STANDIN_HOST=$host exec bash -c "$*"
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf -- "$tmp"' EXIT
+C2S_STANDIN_HOST=$host TMPDIR=$tmp bash -c "$*"
 """
 
 OPENMPI = shutil.which("mpirun") and "Open MPI" in subprocess.run(
