@@ -99,17 +99,19 @@ def digest(*paths: Path) -> str:
     return h.hexdigest()
 
 
-def shellcheck_passes(files: List[Path], *options: str, cwd: Optional[Path] = None) -> None:
-    """shellcheck -s bash OPTIONS FILES passes. A pass is remembered for the same files' content,
-    options, shellcheck and its .shellcheckrc files (those it reads: in each file's directory and
-    above, and in HOME); a failure always runs again."""
+def shellcheck_passes(files: List[Path], *options: str, cwd: Optional[Path] = None,
+                      remember_as: Optional[list] = None) -> None:
+    """shellcheck -s bash OPTIONS FILES passes. A pass is remembered for the same files' content
+    (or REMEMBER_AS, what the caller knows the answer depends on instead), options, shellcheck and
+    its .shellcheckrc files (those it reads: in each file's directory and above, and in HOME); a
+    failure always runs again."""
     cwd = cwd or Path.cwd()
     paths = [cwd / f for f in files]
     rcs = {d / ".shellcheckrc" for p in paths for d in Path(os.path.abspath(p)).parents}
     rcs.add(Path.home() / ".shellcheckrc")
     inputs = ["shellcheck", tool(shutil.which("shellcheck")), options,
               [Path(f).name if Path(f).is_absolute() else str(f) for f in files],
-              [digest(p) for p in paths], sorted((str(rc), digest(rc)) for rc in rcs if rc.is_file())]
+              remember_as or [digest(p) for p in paths], sorted((str(rc), digest(rc)) for rc in rcs if rc.is_file())]
 
     def check():
         proc = subprocess.run(["shellcheck", "-s", "bash", *options, *map(str, files)], cwd=cwd,
@@ -129,8 +131,8 @@ def assert_valid_bash(script: Path) -> None:
     A generated run.sh is its project's header, then the engine. Shellcheck spends seconds on the
     engine, the same text in every run.sh, so: the header of each run.sh is checked on its own
     (less SC2034, "assigned but unused": the engine reads those variables), and the whole file
-    once a session for each engine text and set of names the header assigns, which is where an
-    unused or misspelt variable of the header shows."""
+    once for each engine text and set of names the header assigns (a pass remembered between
+    sessions), which is where an unused or misspelt variable of the header shows."""
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     if shutil.which("shellcheck") is None:
         if os.environ.get("CI"):
@@ -144,7 +146,7 @@ def assert_valid_bash(script: Path) -> None:
     names = frozenset(re.findall(r"^\s*([A-Za-z_][A-Za-z0-9_]*)(?:\[[^]\n]*\])?\+?=", header, re.M))
     key = (hashlib.sha256(engine.encode()).hexdigest(), names)
     if key not in _CHECKED_WHOLE:
-        _shellcheck(script)
+        shellcheck_passes([script], remember_as=["a whole run.sh", key[0], sorted(names)])
         _CHECKED_WHOLE.add(key)
     with tempfile.TemporaryDirectory() as tmp:
         alone = Path(tmp) / f"{script.name}.header"
