@@ -51,6 +51,9 @@ import pytest
 
 from helpers import assert_valid_bash, check_plan, compose2sif_forked
 
+# the converted projects (the module-scoped fixture `dify`) are made once, on one xdist worker
+pytestmark = pytest.mark.xdist_group("dify")
+
 TESTS = Path(__file__).resolve().parent
 DIFY = TESTS.parent.parent / "shared" / "reference" / "dify-1.17.1"
 DIFY_ENV_EXAMPLE = (TESTS / "fixtures" / "dify" / "env.example").read_text()
