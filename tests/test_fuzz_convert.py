@@ -25,7 +25,6 @@ import shlex
 import signal
 import string
 import subprocess
-import sys
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from compose2sif.convert import ConvertOptions, convert
 from compose2sif.errors import ComposeError
 from compose2sif.load import ProjectOptions
 from compose2sif.load.schema import SCHEMA_PATH
-from helpers import REPO, STANDIN
+from helpers import REPO, STANDIN, compose2sif_forked
 from helpers_fuzz import hostile_projects, live_standin_instances
 
 with open(SCHEMA_PATH, encoding="utf-8") as _fh:
@@ -411,8 +410,7 @@ def test_an_unreadable_or_endless_nginx_config_is_one_located_line(tmp_path):
 # ---- x-compose2sif.image: a source of the user's choosing, data all the way into a batch job -------
 
 def _c2s(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "compose2sif", *args], cwd=cwd, capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(cwd), "PYTHONPATH": str(REPO)}, timeout=120)
+    return compose2sif_forked(list(args), cwd, {"PATH": "/usr/bin:/bin", "HOME": str(cwd), "PYTHONPATH": str(REPO)})
 
 
 @pytest.mark.parametrize("source, wording", [

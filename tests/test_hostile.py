@@ -301,7 +301,12 @@ def hostile_run(tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("name", CASE_BY_NAME)
+# under xdist, the tests that share a case's run (hostile_run) run on one worker: it runs once
+SHARED_RUN = {"values-0": pytest.mark.xdist_group("hostile-values-0"),
+              "name-collision": pytest.mark.xdist_group("hostile-name-collision")}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=SHARED_RUN.get(name, ())) for name in CASE_BY_NAME])
 def test_hostile_value_stays_data(hostile_run, name):
     convert, _, _ = hostile_run(name)
     if name in REFUSED:
@@ -310,6 +315,7 @@ def test_hostile_value_stays_data(hostile_run, name):
         assert convert.returncode == 0, convert.stderr
 
 
+@SHARED_RUN["values-0"]
 def test_the_standin_saw_every_verb(hostile_run):
     """The stand-in is on the path run.sh takes: the checks above are not vacuous."""
     convert, out, calls = hostile_run("values-0")
@@ -325,6 +331,7 @@ def test_the_standin_saw_every_verb(hostile_run):
             assert b"touch" not in arg or (flag == b"--bind" and arg.split(b":", 1)[1].startswith(b"/data")), call
 
 
+@SHARED_RUN["name-collision"]
 def test_name_collisions_get_distinct_functions_files_and_instances(hostile_run):
     convert, out, _ = hostile_run("name-collision")
     assert convert.returncode == 0, convert.stderr

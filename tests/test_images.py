@@ -2,8 +2,6 @@
 ARGs that leave FROM empty, Dockerfiles that are not UTF-8."""
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -14,6 +12,7 @@ from compose2sif.model import services as typed_services
 from compose2sif.plan import PlanOptions, build_plan
 from compose2sif.plan.images import plan_images
 from compose2sif.registry import ImageConfig
+from helpers import compose2sif_forked
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,10 +35,9 @@ def images_of(project, image_configs=None):
 
 
 def convert(tmp_path, *args, env=None):
-    """compose2sif convert --offline, this checkout's code, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(tmp_path / "out"),
-                           *args], cwd=tmp_path, capture_output=True, text=True,
-                          env={"PATH": os.environ["PATH"], "HOME": "/tmp", "PYTHONPATH": REPO, **(env or {})})
+    """compose2sif convert --offline, this checkout's code, as a user runs it (forked: helpers.compose2sif_forked)."""
+    return compose2sif_forked(["convert", "--offline", "-o", str(tmp_path / "out"), *args], tmp_path,
+                              {"PATH": os.environ["PATH"], "HOME": "/tmp", "PYTHONPATH": REPO, **(env or {})})
 
 
 @pytest.mark.parametrize("compose,path", [

@@ -19,6 +19,7 @@ from compose2sif.errors import ComposeError
 from compose2sif.load import ProjectOptions, load_project
 from compose2sif.model import services as typed_services
 from compose2sif.plan.images import plan_images
+from helpers import compose2sif_forked
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -165,8 +166,7 @@ def stack(tmp_path):
 
 
 def convert(tmp_path, env):
-    proc = subprocess.run([sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(tmp_path / "out")],
-                          cwd=tmp_path / "proj", env=env, capture_output=True, text=True, timeout=120)
+    proc = compose2sif_forked(["convert", "--offline", "-o", str(tmp_path / "out")], tmp_path / "proj", env)
     assert proc.returncode == 0, proc.stderr
 
 

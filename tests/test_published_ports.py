@@ -17,6 +17,10 @@ from pathlib import Path
 
 import pytest
 
+# the stand-in servers listen on fixed ports (8000 and 7000, on 0.0.0.0 among others): under xdist
+# these tests run on one worker, one after another, never beside each other
+pytestmark = pytest.mark.xdist_group("published-ports")
+
 REPO = Path(__file__).resolve().parent.parent
 RUN = REPO / "run"
 ENGINE_MARKER = "# ---- the engine (the same for every project"
