@@ -33,8 +33,10 @@ ALL_INTERFACES = ("where nothing is published: anyone who reaches this node reac
                   "on every address (tell it its address: x-compose2sif: {{bind_address: {{env: VAR}}}})")
 
 # a stand-in server without SO_REUSEPORT: listens on $BIND:$PORT, answers its $NAME to every connection
-SERVER = ("import os, socket; s = socket.socket(); s.bind((os.environ['BIND'], int(os.environ['PORT']))); "
-          "s.listen(); print('listening', flush=True)\\n"
+# (with SO_REUSEADDR, as servers set it: it closes first, so a rerun within a minute finds the
+# connections of the last run in TIME_WAIT on its address)
+SERVER = ("import os, socket; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+          "s.bind((os.environ['BIND'], int(os.environ['PORT']))); s.listen(); print('listening', flush=True)\\n"
           "while True: c, _ = s.accept(); c.sendall(os.environ['NAME'].encode()); c.close()")
 # a stand-in for an image with an admin server the compose file never mentions: it opens
 # 0.0.0.0:{admin} (its default) before its main port, which it is told
@@ -233,6 +235,7 @@ services:
 # replica set): answers "initiated" once a client has sent "initiate", else "uninitiated"
 DB_SERVER = """import os, socket
 s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as SERVER)
 s.bind((os.environ['BIND'], int(os.environ['PORT'])))
 s.listen()
 print('listening on', s.getsockname(), flush=True)
