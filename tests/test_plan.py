@@ -66,6 +66,23 @@ def test_every_service_keeps_its_ports_on_its_own_address(tmp_path):
     assert not any("all interfaces" in w for w in plan.warnings)
 
 
+def test_a_services_own_localhost_port_points_at_its_own_address(tmp_path):
+    # MongoDB's replica-set init: the service's own script and settings reach it through localhost
+    plan = plan_for(tmp_path, """
+        services:
+          db:
+            image: example/db
+            command: [sh, -c, "serve & until client localhost:27017 initiate; do sleep 1; done; wait"]
+            environment: {HOST: 0.0.0.0, PORT: "27017", SELF_URL: "http://127.0.0.1:27017/", OTHER: "localhost:6000"}
+            volumes: [./init.sh:/init/init.sh]
+    """, files={"init.sh": "client --host localhost:27017 --eval 'rs.initiate()'\n"})
+    db = plan.service("db")
+    own = port(plan, "db", 27017).address
+    assert own == f"{BLOCK}.2" and db.launch[-1].startswith(f"serve & until client {own}:27017 initiate;")
+    assert db.environment["SELF_URL"] == f"http://{own}:27017/" and db.environment["OTHER"] == "localhost:6000"
+    assert plan.configs["config/db/files/init/init.sh"] == f"client --host {own}:27017 --eval 'rs.initiate()'\n"
+
+
 def test_two_services_from_one_image_on_one_port_told_their_address(tmp_path):
     plan = plan_for(tmp_path, """
         x-app: &app

@@ -190,8 +190,8 @@ def texts_of(service: Service) -> List[Tuple[str, str]]:
 
 
 def rewrite_bound_files(draft: Draft, secrets: Optional[Replacer]) -> None:
-    """A bound text config that names a moved port, or a public default secret, gets a rewritten
-    copy bound over it."""
+    """A bound text config that names a moved port, the service's own localhost:PORT (it listens on
+    its own address), or a public default secret, gets a rewritten copy bound over it."""
     extra: List[Bind] = []
     for path, content in list(draft.configs.items()):
         if secrets and path.startswith(f"config/{draft.name}/"):
@@ -210,6 +210,6 @@ def rewrite_bound_files(draft: Draft, secrets: Optional[Replacer]) -> None:
                     bind.source, bind.kind, bind.read_only, bind.create = path, "config", True, False
                 else:
                     extra.append(Bind(path, target, True, "config", False))
-                draft.warnings.append(f"service {draft.name!r}: {target} names a moved port or a public default "
-                                      f"secret; a rewritten copy is bound there ({path})")
+                draft.warnings.append(f"service {draft.name!r}: {target} names a moved port, its own localhost:PORT "
+                                      f"or a public default secret; a rewritten copy is bound there ({path})")
     draft.binds.extend(extra)

@@ -389,7 +389,10 @@ class References:
 
     def rewrite(self, text: str, service: Optional[str] = None, own_host: bool = False) -> str:
         """Rewrite references to other services' moved ports, and to the service's own ports through
-        localhost (``own_host``: also point them at the address it is told, for its healthcheck)."""
+        localhost: a service told its own address is not on 127.0.0.1, so its own scripts' and
+        settings' ``localhost:PORT`` go to that address (as under Docker, where the container's
+        loopback is its own). ``own_host`` (its healthcheck): also ``0.0.0.0:PORT`` and bare
+        ``localhost``/``127.0.0.1``, which in a probe can only mean the service itself."""
         if self._named is not None and self.moved:
             text = self._named.sub(
                 lambda m: f"{m.group(1)}:{self.port_of(m.group(1), int(m.group(2))) or m.group(2)}", text)
@@ -398,20 +401,24 @@ class References:
         if service is not None and self.network is not None:
             endpoints = self.network.endpoints.get(service, {})
             address = self.network.address.get(service, WILDCARD)
-            host_for = (lambda h: address) if own_host and address not in WILDCARDS else (lambda h: h)
+
+            def host_for(host: str, endpoint: Endpoint) -> str:
+                if endpoint.address in WILDCARDS or (host == "0.0.0.0" and not own_host):
+                    return host  # (a launch line's 0.0.0.0:PORT is where it binds: its knob's business)
+                return endpoint.address
 
             def own(m: "re.Match[str]") -> str:
                 endpoint = endpoints.get(int(m.group(2)))
                 if endpoint is None:
                     return m.group(0)
-                return f"{host_for(m.group(1))}:{endpoint.host}"
+                return f"{host_for(m.group(1), endpoint)}:{endpoint.host}"
             text = re.sub(r"(?<![\w.-])(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):(\d{1,5})(?!\d)", own, text)
 
             def implied(m: "re.Match[str]") -> str:  # `http://127.0.0.1/health`: its port 80, which moved
                 endpoint = endpoints.get(_SCHEME_PORTS[m.group(1)])
                 if endpoint is None or not endpoint.moved:
                     return m.group(0)
-                return f"{m.group(1)}://{host_for(m.group(2))}:{endpoint.host}"
+                return f"{m.group(1)}://{host_for(m.group(2), endpoint)}:{endpoint.host}"
             text = re.sub(r"\b(https?|wss?)://(localhost|127\.0\.0\.1|\[::1\])(?=[/\s'\"]|$)", implied, text)
             if own_host and address not in WILDCARDS:
                 text = re.sub(r"(?<![\w.-])(localhost|127\.0\.0\.1)(?![\w.:-])", address, text)

@@ -151,8 +151,36 @@ explain_address_in_use() {
         describe_holder "$uid" "$inode"
         echo "run.sh: service $S_NAME could not listen on $e: held by $HOLDER"
     done < <(endpoint_listeners "${endpoints[@]}")
-    [ "$found" = 1 ] ||
-        echo "run.sh: service $S_NAME found an address in use (its endpoints: ${endpoints[*]:-none known}; none is held now)"
+    [ "$found" = 1 ] && return 0
+    lines="run.sh: service $S_NAME found an address in use (its endpoints: ${endpoints[*]:-none known}; none is held now)"
+    wildcard_listeners_of_others && lines="$lines; $WILDCARD_HOLDERS"
+    echo "$lines"
+}
+
+# A port the plan never saw (an image's default, a second replica of one image) may clash with a
+# listener on every address: those of the other services of this project, in
+# WILDCARD_HOLDERS ("service A of this project listens on all interfaces (0.0.0.0:P), which holds
+# port P on every address; ..."). Fails where there is none.
+WILDCARD_HOLDERS=""
+wildcard_listeners_of_others() {
+    local me=$S_NAME name l found=()
+    list_instances
+    for name in "${SERVICES[@]}"; do
+        [ "$name" = "$me" ] && continue
+        load_service "$name"
+        instance_pid
+        service_listeners
+        for l in "${LISTENING[@]}"; do
+            case "${l%:*}" in
+                0.0.0.0 | ::) found+=("service $name of this project listens on all interfaces ($l), which holds port ${l##*:} on every address") ;;
+            esac
+        done
+    done
+    load_service "$me"
+    instance_pid
+    WILDCARD_HOLDERS=$(printf '%s; ' "${found[@]}")
+    WILDCARD_HOLDERS=${WILDCARD_HOLDERS%; }
+    [ ${#found[@]} -gt 0 ]
 }
 
 # ---- run-time truth: what a service really listens on, against the plan ----------------------
