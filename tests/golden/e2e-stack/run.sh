@@ -22,6 +22,8 @@ PROJECT=c2s-e2e
 STATE="$HERE/state"
 RUNDIR="$STATE/run"
 SERVICES=(db llm redis init api worker proxy)
+# where the tracer puts privileged ports (each service on its own address): the block's top half
+LOOPBACK_BLOCK=30050-30099
 LEVELS=(0 0 0 1 2 2 3)
 MAX_LEVEL=3
 IMAGES=(c2s-python-test c2s-postgres-test c2s-llama-test c2s-nginx-test c2s-redis-test)
@@ -33,6 +35,7 @@ ENTRY_POINTS=('proxy http 0.0.0.0 18080 /')
 svc_0_db() {
     S_NAME=db
     S_INSTANCE=c2s-e2e-db
+    S_OWN_ADDRESS=127.45.3.3
     S_SIF="$HERE/sif/c2s-postgres-test.sif"
     S_ENV="$HERE/env/db.env"
     S_WORKDIR=/
@@ -63,6 +66,7 @@ svc_0_db() {
 svc_1_llm() {
     S_NAME=llm
     S_INSTANCE=c2s-e2e-llm
+    S_OWN_ADDRESS=127.45.3.5
     S_SIF="$HERE/sif/c2s-llama-test.sif"
     S_ENV="$HERE/env/llm.env"
     S_WORKDIR=''
@@ -93,6 +97,7 @@ svc_1_llm() {
 svc_2_redis() {
     S_NAME=redis
     S_INSTANCE=c2s-e2e-redis
+    S_OWN_ADDRESS=127.45.3.7
     S_SIF="$HERE/sif/c2s-redis-test.sif"
     S_ENV="$HERE/env/redis.env"
     S_WORKDIR=/data
@@ -123,6 +128,7 @@ svc_2_redis() {
 svc_3_init() {
     S_NAME=init
     S_INSTANCE=c2s-e2e-init
+    S_OWN_ADDRESS=127.45.3.4
     S_SIF="$HERE/sif/c2s-python-test.sif"
     S_ENV="$HERE/env/init.env"
     S_WORKDIR=''
@@ -152,6 +158,7 @@ svc_3_init() {
 svc_4_api() {
     S_NAME=api
     S_INSTANCE=c2s-e2e-api
+    S_OWN_ADDRESS=127.45.3.2
     S_SIF="$HERE/sif/c2s-python-test.sif"
     S_ENV="$HERE/env/api.env"
     S_WORKDIR=''
@@ -182,6 +189,7 @@ svc_4_api() {
 svc_5_worker() {
     S_NAME=worker
     S_INSTANCE=c2s-e2e-worker
+    S_OWN_ADDRESS=127.45.3.8
     S_SIF="$HERE/sif/c2s-python-test.sif"
     S_ENV="$HERE/env/worker.env"
     S_WORKDIR=''
@@ -212,6 +220,7 @@ svc_5_worker() {
 svc_6_proxy() {
     S_NAME=proxy
     S_INSTANCE=c2s-e2e-proxy
+    S_OWN_ADDRESS=127.45.3.6
     S_SIF="$HERE/sif/c2s-nginx-test.sif"
     S_ENV="$HERE/env/proxy.env"
     S_WORKDIR=/

@@ -22,6 +22,8 @@ PROJECT=chatapp
 STATE="$HERE/state"
 RUNDIR="$STATE/run"
 SERVICES=(db llm redis api web proxy)
+# where the tracer puts privileged ports (each service on its own address): the block's top half
+LOOPBACK_BLOCK=30050-30099
 LEVELS=(0 0 0 1 2 3)
 MAX_LEVEL=3
 IMAGES=(ghcr.io-example-chat-api-latest postgres-16 vllm-vllm-openai-v0.19.1 nginx-1.27-alpine redis-7 build-web)
@@ -33,6 +35,7 @@ ENTRY_POINTS=('proxy http 0.0.0.0 8080 /')
 svc_0_db() {
     S_NAME=db
     S_INSTANCE=chatapp-db
+    S_OWN_ADDRESS=127.45.3.3
     S_SIF="$HERE/sif/postgres-16.sif"
     S_ENV="$HERE/env/db.env"
     S_WORKDIR=/
@@ -63,6 +66,7 @@ svc_0_db() {
 svc_1_llm() {
     S_NAME=llm
     S_INSTANCE=chatapp-llm
+    S_OWN_ADDRESS=127.45.3.4
     S_SIF="$HERE/sif/vllm-vllm-openai-v0.19.1.sif"
     S_ENV="$HERE/env/llm.env"
     S_WORKDIR=''
@@ -93,6 +97,7 @@ svc_1_llm() {
 svc_2_redis() {
     S_NAME=redis
     S_INSTANCE=chatapp-redis
+    S_OWN_ADDRESS=127.45.3.6
     S_SIF="$HERE/sif/redis-7.sif"
     S_ENV="$HERE/env/redis.env"
     S_WORKDIR=/data
@@ -123,6 +128,7 @@ svc_2_redis() {
 svc_3_api() {
     S_NAME=api
     S_INSTANCE=chatapp-api
+    S_OWN_ADDRESS=127.45.3.2
     S_SIF="$HERE/sif/ghcr.io-example-chat-api-latest.sif"
     S_ENV="$HERE/env/api.env"
     S_WORKDIR=/app
@@ -152,6 +158,7 @@ svc_3_api() {
 svc_4_web() {
     S_NAME=web
     S_INSTANCE=chatapp-web
+    S_OWN_ADDRESS=127.45.3.7
     S_SIF="$HERE/sif/build-web.sif"
     S_ENV="$HERE/env/web.env"
     S_WORKDIR=/app
@@ -182,6 +189,7 @@ svc_4_web() {
 svc_5_proxy() {
     S_NAME=proxy
     S_INSTANCE=chatapp-proxy
+    S_OWN_ADDRESS=127.45.3.5
     S_SIF="$HERE/sif/nginx-1.27-alpine.sif"
     S_ENV="$HERE/env/proxy.env"
     S_WORKDIR=/
