@@ -52,12 +52,17 @@ def _read(path: str) -> Optional[bytes]:
         return None
 
 
+def fresh() -> bool:
+    """Whether a tracer built beforehand is there, and built from the source as it is now."""
+    return os.path.isfile(PREBUILT) and os.path.getmtime(PREBUILT) >= os.path.getmtime(SOURCE)
+
+
 _compiled: List[Optional[bytes]] = []  # built (or found) once per process
 
 
 def binary() -> Optional[bytes]:
     """The tracer's bytes, or None where it is neither built nor buildable here."""
-    if os.path.isfile(PREBUILT) and os.path.getmtime(PREBUILT) >= os.path.getmtime(SOURCE):
+    if fresh():
         return _read(PREBUILT)
     if not _compiled:
         cached = _cache_path()

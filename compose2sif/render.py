@@ -280,7 +280,8 @@ def render_runner(plan: Plan) -> str:
         out += _service_function(s, fn, own_address(plan, s))
     out += ["", "load_service() {", '    case "$1" in']
     out += [f"        {_q(s.name)}) svc_{fn} ;;" for s, fn in zip(plan.services, functions)]
-    out += ['        *) die "no such service: $1 (services: ${SERVICES[*]})" ;;', "    esac", "}", "",
+    out += ['        *) die "no such service: $1 (services: ${SERVICES[*]})" ;;', "    esac",
+            "    isolated_endpoints  # where the tracer puts them, in intercept mode (run/lib/isolation.sh)", "}", "",
             "# ---- the engine (the same for every project: run/lib, run/cmd, run/main.sh) ----------------", ""]
     return "\n".join(out) + engine()
 

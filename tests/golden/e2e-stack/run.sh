@@ -259,6 +259,7 @@ load_service() {
         proxy) svc_6_proxy ;;
         *) die "no such service: $1 (services: ${SERVICES[*]})" ;;
     esac
+    isolated_endpoints  # where the tracer puts them, in intercept mode (run/lib/isolation.sh)
 }
 
 # ---- the engine (the same for every project: run/lib, run/cmd, run/main.sh) ----------------
