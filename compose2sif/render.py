@@ -238,6 +238,8 @@ def _service_function(s: ServicePlan, fn: str, own_address: str) -> List[str]:
         f"    S_EMPTY={_array(b.source for _, b in binds if b.kind in ('tmpfs', 'scratch'))}",
         f"    S_ENDPOINTS={_array(_endpoint(p) for p in s.ports)}",
         f"    S_FORWARDS={_array(i for p in s.ports if p.forward for i in (p.forward, _forward_target(p)))}",
+        # published on their own number: served by the service itself, so its tracer leaves their binds alone
+        f"    S_KEPT_PORTS={_array(sorted({p.host for p in s.ports if p.published and not p.forward}))}",
         f"    S_HEALTH={_array(health['test'] if health else [])}",
         # three words a pre_start step: its image key, its env file, its fingerprint
         f"    S_PRE_START={_array(w for p in s.pre_start for w in (p.image, p.env_file, p.fingerprint))}",

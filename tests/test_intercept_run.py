@@ -51,6 +51,9 @@ services:
   a:
     image: busybox
     command: ["it's", "$$HOME", "a;b"]
+  z:
+    image: busybox
+    ports: ["{published + 1}:{published + 1}"]
 """)
     proc = subprocess.run(["python3", "-m", "compose2sif", "-f", str(root / "compose.yaml"), "convert", "--offline",
                            "--address-block", f"{BLOCK}.0/24", "--port-base", "24000", "-o", str(root / "out")],
@@ -152,6 +155,16 @@ def test_up_chooses_the_loopback_where_the_check_passes_and_says_why_not_elsewhe
     assert forced.returncode == 1 and forced.stderr.startswith("run.sh: up: C2S_PORT_ISOLATION=intercept, but no bin/")
     bad = bash(tmp_path, "choose_isolation", C2S_PORT_ISOLATION="docker")
     assert bad.returncode == 1 and bad.stderr == "run.sh: C2S_PORT_ISOLATION=docker: give auto, intercept or plan\n"
+
+
+def test_a_port_published_on_its_own_number_is_kept_where_the_service_binds_it(project):
+    tmp_path, published, _ = project
+    intercept(tmp_path)
+    proc = bash(tmp_path, 'load_service z && echo "${S_ENDPOINTS[*]}" && traced true && echo "${TRACED[*]}"')
+    assert proc.returncode == 0, proc.stderr
+    endpoint, words = proc.stdout.splitlines()
+    assert endpoint == f"0.0.0.0:{published + 1}?"  # on every address, as Docker publishes it
+    assert f" --keep {published + 1} --record " in words
 
 
 def intercept(tmp_path):

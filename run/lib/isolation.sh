@@ -73,10 +73,15 @@ choose_isolation() {
 # A word for the tracer's /bin/sh command line, quoted for it whatever it holds.
 sh_word() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
 
-# The tracer's words for the loaded service: --addr, --record, --peers (and $1 more words first).
+# The tracer's words for the loaded service: --addr, a --keep for each port published on its own
+# number (the node's clients reach it on every address, as Docker publishes it), --record, --peers
+# (and $@ before them).
 TRACER_WORDS=()
 tracer_words() {
-    TRACER_WORDS=("$LOOPBACK_IN" --addr "$S_OWN_ADDRESS" "$@" --record "$RECORDS_IN/$S_NAME" --peers "$RECORDS_IN")
+    local port
+    TRACER_WORDS=("$LOOPBACK_IN" --addr "$S_OWN_ADDRESS" "$@")
+    for port in "${S_KEPT_PORTS[@]}"; do TRACER_WORDS+=(--keep "$port"); done
+    TRACER_WORDS+=(--record "$RECORDS_IN/$S_NAME" --peers "$RECORDS_IN")
 }
 
 # In intercept mode, the flags that start the loaded service's entry under the tracer (added to
@@ -140,11 +145,13 @@ relocated_port() {
 
 # Where the tracer puts a bind of the loaded service to $1 (ADDR:PORT), in ISOLATED: a loopback
 # or wildcard address becomes its own, a privileged port where its record says it went; fails
-# for a privileged port not recorded yet. Other addresses are left alone, as by the tracer.
+# for a privileged port not recorded yet. Other addresses and kept ports are left alone, as by
+# the tracer.
 ISOLATED=""
 isolated_endpoint() {
     local port=${1##*:}
     ISOLATED=$1
+    case " ${S_KEPT_PORTS[*]} " in *" $port "*) return 0 ;; esac
     case "${1%:*}" in 0.0.0.0 | :: | 127.0.0.1 | "$S_OWN_ADDRESS") ;; *) return 0 ;; esac
     ISOLATED="$S_OWN_ADDRESS:$port"
     ((port < 1024)) || return 0

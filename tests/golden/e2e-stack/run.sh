@@ -56,6 +56,7 @@ svc_0_db() {
     S_EMPTY=(state/services/db/scratch/tmp state/services/db/scratch/var_run_postgresql)
     S_ENDPOINTS=(127.45.3.3:5432)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD-SHELL 'pg_isready -h db -U app -d app')
     S_PRE_START=()
     S_HEALTH_INTERVAL=1.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=60
@@ -87,6 +88,7 @@ svc_1_llm() {
     S_EMPTY=(state/services/llm/scratch/tmp)
     S_ENDPOINTS=(127.45.3.5:8080)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD curl -fsS http://127.45.3.5:8080/health)
     S_PRE_START=()
     S_HEALTH_INTERVAL=1.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=120
@@ -118,6 +120,7 @@ svc_2_redis() {
     S_EMPTY=(state/services/redis/scratch/tmp)
     S_ENDPOINTS=(127.45.3.7:6379)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD redis-cli -h 127.45.3.7 ping)
     S_PRE_START=()
     S_HEALTH_INTERVAL=1.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=30
@@ -149,6 +152,7 @@ svc_3_init() {
     S_EMPTY=(state/services/init/scratch/tmp)
     S_ENDPOINTS=(127.45.3.4:8000)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
@@ -179,6 +183,7 @@ svc_4_api() {
     S_EMPTY=(state/services/api/scratch/tmp)
     S_ENDPOINTS=(127.45.3.2:8000)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD python3 /app/server.py health)
     S_PRE_START=()
     S_HEALTH_INTERVAL=2.0 S_HEALTH_TIMEOUT=5.0 S_HEALTH_RETRIES=30
@@ -210,6 +215,7 @@ svc_5_worker() {
     S_EMPTY=(state/services/worker/scratch/tmp)
     S_ENDPOINTS=(127.45.3.8:8000)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD python3 /app/server.py health)
     S_PRE_START=()
     S_HEALTH_INTERVAL=2.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=30
@@ -241,6 +247,7 @@ svc_6_proxy() {
     S_EMPTY=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)
     S_ENDPOINTS=('127.45.3.6:30000?' '127.45.3.6:30001?')
     S_FORWARDS=(0.0.0.0:18080 127.45.3.6:30000)
+    S_KEPT_PORTS=()
     S_HEALTH=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5

@@ -56,6 +56,7 @@ svc_0_db() {
     S_EMPTY=(state/services/db/scratch/tmp state/services/db/scratch/var_run_postgresql)
     S_ENDPOINTS=(127.45.3.3:5432)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD-SHELL 'pg_isready -U ${POSTGRES_USER} -d ${POSTGRES_DB}')
     S_PRE_START=()
     S_HEALTH_INTERVAL=5.0 S_HEALTH_TIMEOUT=5.0 S_HEALTH_RETRIES=10
@@ -87,6 +88,7 @@ svc_1_llm() {
     S_EMPTY=(state/services/llm/tmpfs/tmp)
     S_ENDPOINTS=(127.45.3.4:8000)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD-SHELL 'curl -fsS http://127.45.3.4:8000/health || exit 1')
     S_PRE_START=()
     S_HEALTH_INTERVAL=30.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=3
@@ -118,6 +120,7 @@ svc_2_redis() {
     S_EMPTY=(state/services/redis/scratch/tmp)
     S_ENDPOINTS=(127.45.3.6:6379)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD redis-cli -h 127.45.3.6 ping)
     S_PRE_START=()
     S_HEALTH_INTERVAL=30.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=3
@@ -149,6 +152,7 @@ svc_3_api() {
     S_EMPTY=(state/services/api/scratch/tmp)
     S_ENDPOINTS=(127.45.3.2:8000)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
@@ -179,6 +183,7 @@ svc_4_web() {
     S_EMPTY=(state/services/web/scratch/tmp)
     S_ENDPOINTS=(127.45.3.7:3000)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD wget -qO- http://127.45.3.7:3000/healthz)
     S_PRE_START=()
     S_HEALTH_INTERVAL=10.0 S_HEALTH_TIMEOUT=3.0 S_HEALTH_RETRIES=5
@@ -210,6 +215,7 @@ svc_5_proxy() {
     S_EMPTY=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)
     S_ENDPOINTS=('127.45.3.5:30000?' '127.45.3.5:30001?')
     S_FORWARDS=(0.0.0.0:8080 127.45.3.5:30000)
+    S_KEPT_PORTS=()
     S_HEALTH=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
