@@ -20,12 +20,12 @@ records_dir() { printf '%s' "$RUNDIR/loopback"; }
 isolation_mode() {
     local host="" requested="" mode=""
     { read -r host requested mode && IFS= read -r ISOLATION_WHY; } 2>/dev/null <"$RUNDIR/isolation"
-    if [ "$mode" = intercept ] && [ "$host" = "$(hostname)" ]; then ISOLATION=intercept; else ISOLATION=plan; fi
+    if [ "$mode" = intercept ] && [ "$host" = "$HOSTNAME" ]; then ISOLATION=intercept; else ISOLATION=plan; fi
 }
 
 keep_isolation() {  # MODE REQUESTED WHY
     ISOLATION=$1 ISOLATION_WHY=$3
-    printf '%s %s %s\n%s\n' "$(hostname)" "$2" "$1" "$3" >"$RUNDIR/isolation.$$" && mv -f "$RUNDIR/isolation.$$" "$RUNDIR/isolation"
+    printf '%s %s %s\n%s\n' "$HOSTNAME" "$2" "$1" "$3" >"$RUNDIR/isolation.$$" && mv -f "$RUNDIR/isolation.$$" "$RUNDIR/isolation"
 }
 
 # For `up`: C2S_PORT_ISOLATION=auto|intercept|plan. auto and intercept ask the node once (kept
@@ -43,7 +43,7 @@ choose_isolation() {
         return 0
     fi
     { read -r host asked mode && IFS= read -r why; } 2>/dev/null <"$RUNDIR/isolation"
-    if [ "$host" = "$(hostname)" ] && [ "$asked" = "$requested" ] && [ "$RUNDIR/isolation" -nt "$LOOPBACK" ]; then
+    if [ "$host" = "$HOSTNAME" ] && [ "$asked" = "$requested" ] && [ "$RUNDIR/isolation" -nt "$LOOPBACK" ]; then
         ISOLATION=$mode ISOLATION_WHY=$why
     else
         for name in "${SERVICES[@]}"; do
@@ -87,12 +87,13 @@ tracer_words() {
 # In intercept mode, the flags that start the loaded service's entry under the tracer (added to
 # START_FLAGS): the tracer and the records bound in, and a start script of ours over the image's
 # that runs the image's own (its definition's %startscript) under c2s-loopback. Returns 1 in plan
-# mode (the image's start script as it is).
+# mode, and for a definition without a start script of ours (the image's start script as it is).
 loopback_start_flags() {
     [ "$ISOLATION" = intercept ] || return 1
     local key=${S_SIF##*/} line in=0 entry wrapper word
     key=${key%.sif}
     entry="$RUNDIR/$key.entry" wrapper="$RUNDIR/$S_NAME.traced"
+    grep -qx %startscript "$HERE/definitions/$key.def" 2>/dev/null || return 1
     {
         printf '#!/bin/sh\n\n'
         while IFS= read -r line; do
