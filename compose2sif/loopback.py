@@ -2,17 +2,15 @@
 
 run.sh binds it into every instance and starts each service's entry under it (run/lib/isolation.sh,
 docs/interception.md), so it must run inside any image: one static binary, built where compose2sif
-runs with ``intercept/build.sh``. A build is kept in the user's cache, keyed by the source's hash
-(a convert compiles it once per source, not once per project); a binary built beforehand as
-``compose2sif/intercept/c2s-loopback`` is used when it is newer than the source. Without a C
+runs with ``intercept/build.sh`` (1-2 s; convert writes nothing outside its output directory, so
+nothing is cached elsewhere); a binary built beforehand as ``compose2sif/intercept/c2s-loopback``
+is used when it is newer than the source. Without a C
 compiler and a static C library, convert says so in one warning and run.sh keeps to the plan-time
 knobs (``port isolation: plan-time knobs only``).
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import platform
 import subprocess
 import tempfile
 from typing import List, Optional
@@ -25,13 +23,6 @@ OUTPUT = "bin/c2s-loopback"
 MISSING = ("services cannot get a loopback of their own at run time: bin/c2s-loopback could not be built here "
            "(it needs `cc` and a static C library, glibc-static on RHEL, on x86_64 Linux); run.sh uses the "
            "plan-time port knobs only. Convert again where they are to have it")
-
-
-def _cache_path() -> str:
-    with open(SOURCE, "rb") as fh:
-        digest = hashlib.sha256(fh.read()).hexdigest()[:16]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "compose2sif", f"c2s-loopback-{platform.machine()}-{digest}")
 
 
 def build(output: str) -> bool:
@@ -65,19 +56,7 @@ def binary() -> Optional[bytes]:
     if fresh():
         return _read(PREBUILT)
     if not _compiled:
-        cached = _cache_path()
-        data = _read(cached)
-        if data is None:
-            with tempfile.TemporaryDirectory(prefix="c2s-loopback-") as tmp:
-                output = os.path.join(tmp, "c2s-loopback")
-                data = _read(output) if build(output) else None
-            if data is not None:
-                try:  # kept for the next convert: written beside, then renamed (two converts at once)
-                    os.makedirs(os.path.dirname(cached), mode=0o700, exist_ok=True)
-                    with tempfile.NamedTemporaryFile(dir=os.path.dirname(cached), delete=False) as fh:
-                        fh.write(data)
-                    os.replace(fh.name, cached)
-                except OSError:
-                    pass
-        _compiled.append(data)
+        with tempfile.TemporaryDirectory(prefix="c2s-loopback-") as tmp:
+            output = os.path.join(tmp, "c2s-loopback")
+            _compiled.append(_read(output) if build(output) else None)
     return _compiled[0]

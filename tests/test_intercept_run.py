@@ -103,7 +103,6 @@ def test_convert_puts_the_tracer_beside_run_sh(converted):
 def test_without_a_compiler_convert_warns_once_and_writes_no_tracer(tmp_path, monkeypatch):
     monkeypatch.setattr(loopback, "PREBUILT", str(tmp_path / "none"))
     monkeypatch.setattr(loopback, "_compiled", [])
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("CC", "/bin/false")
     assert loopback.binary() is None
     (tmp_path / "compose.yaml").write_text("services:\n  a:\n    image: busybox\n")
