@@ -143,6 +143,11 @@ def test_up_chooses_the_loopback_where_the_check_passes_and_says_why_not_elsewhe
     again = bash(tmp_path, 'RT=/nonexistent && choose_isolation && echo "$ISOLATION"', C2S_PORT_ISOLATION="auto")
     assert again.stdout == "intercept\n"
     assert bash(tmp_path, 'isolation_mode && echo "$ISOLATION"').stdout == "intercept\n"
+    # asked otherwise, the node is asked again: a check that fails is not the last one's success
+    failing = bash(tmp_path, "RT=/bin/false && choose_isolation", C2S_PORT_ISOLATION="intercept")
+    assert failing.returncode == 1
+    assert failing.stderr == ("run.sh: up: C2S_PORT_ISOLATION=intercept, but c2s-loopback --check: it failed with "
+                              "exit code 1\n")
     plan = bash(tmp_path, 'choose_isolation && echo "$ISOLATION|$ISOLATION_WHY"', C2S_PORT_ISOLATION="plan")
     assert plan.stdout == "plan|C2S_PORT_ISOLATION=plan\n" and plan.stderr == ""
     # where the tracer cannot run: one line, and the knobs

@@ -32,7 +32,7 @@ keep_isolation() {  # MODE REQUESTED WHY
 # until the tracer changes): `c2s-loopback --check` inside the first service's image, as services
 # run. Where it cannot work, auto says why in one line and keeps to the plan; intercept fails.
 choose_isolation() {
-    local requested=${C2S_PORT_ISOLATION:-$ISOLATION_DEFAULT} host="" asked="" mode="" why name sif=""
+    local requested=${C2S_PORT_ISOLATION:-$ISOLATION_DEFAULT} host="" asked="" mode="" why name sif="" rc
     case "$requested" in
         auto | intercept | plan) ;;
         *) die "C2S_PORT_ISOLATION=$requested: give auto, intercept or plan" ;;
@@ -46,6 +46,7 @@ choose_isolation() {
     if [ "$host" = "$HOSTNAME" ] && [ "$asked" = "$requested" ] && [ "$RUNDIR/isolation" -nt "$LOOPBACK" ]; then
         ISOLATION=$mode ISOLATION_WHY=$why
     else
+        mode=plan
         for name in "${SERVICES[@]}"; do
             load_service "$name"
             [ -f "$S_SIF" ] && { sif=$S_SIF; break; }
@@ -58,9 +59,10 @@ choose_isolation() {
             why="ptrace+seccomp, kernel $(uname -r)"
             mode=intercept
         else
-            why="c2s-loopback --check: $(grep -v -e '^INFO' -e '^[[:space:]]*$' <<<"$why" | tail -n 1)"
+            rc=$?
+            why=$(grep -v -e '^INFO' -e '^[[:space:]]*$' <<<"$why" | tail -n 1)
+            why="c2s-loopback --check: ${why:-it failed with exit code $rc}"
         fi
-        [ "$mode" = intercept ] || mode=plan
         if [ -n "$sif" ] || [ ! -x "$LOOPBACK" ]; then keep_isolation "$mode" "$requested" "$why"; else ISOLATION=plan ISOLATION_WHY=$why; fi
     fi
     if [ "$ISOLATION" = plan ]; then
