@@ -4,7 +4,8 @@
 # schedule, so that `ps` runs none); only a service with no fresh result (no supervisor runs,
 # or its probe is late) is probed here, all of those at once. UPTIME: since its instance started.
 # Each service is loaded and its state read once (a service probed here is loaded again for its
-# result); the runtime is probed for what a probe needs only when one runs.
+# result); the runtime is probed for what a probe needs only when one runs. In intercept mode the
+# running services' relocations (the tracer's bind and park lines) follow the table.
 cmd_ps() {
     local health pid i rows=() w=() probes=() later=() probing=0 running=()
     declare -A ipid_of=()
