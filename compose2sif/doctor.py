@@ -428,6 +428,25 @@ def _plan(out_dir: Optional[str]) -> Optional[dict]:
     return plan if isinstance(plan, dict) else None
 
 
+def isolation_line(out_dir: str) -> Optional[Line]:
+    """How services of the project get their ports apart on this node, as its run.sh decides
+    (`run.sh _isolation`: `c2s-loopback --check` in an image, kept for `up`): a loopback per service
+    where ptrace and seccomp work, else the plan-time knobs only, and why (docs/interception.md)."""
+    script = os.path.join(out_dir, "run.sh")
+    if not os.path.isfile(script):
+        return None
+    try:
+        proc = subprocess.run([script, "_isolation"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return ("warn", f"port isolation: unknown ({script} _isolation: {exc})")
+    mode, _, why = proc.stdout.strip().partition("\t")
+    if proc.returncode != 0 or mode not in ("intercept", "plan"):
+        return ("warn", f"port isolation: unknown ({(proc.stderr.strip() or '?').splitlines()[-1]})")
+    if mode == "intercept":
+        return ("ok", f"port isolation: per-service loopback ({why})")
+    return ("warn", f"port isolation: plan-time knobs only ({why})")
+
+
 def report(out_dir: Optional[str]) -> List[Line]:
     lines = runtime_lines()
     found = runtime.detect()
@@ -435,5 +454,7 @@ def report(out_dir: Optional[str]) -> List[Line]:
         lines += feature_lines(*found, _plan(out_dir))
     lines += storage_lines(os.path.expanduser("~"), out_dir)
     if out_dir:
+        isolation = isolation_line(out_dir)
+        lines += [isolation] if isolation else []
         lines += plan_lines(out_dir)
     return lines

@@ -25,10 +25,11 @@ import re
 import shlex
 from typing import Dict, List, Optional, Union
 
-from compose2sif import forwarder
+from compose2sif import forwarder, loopback
 from compose2sif.errors import ComposeError
 from compose2sif.plan import Plan, PortPlan, ServicePlan
 from compose2sif.plan.generated import SECRETS_FILE, file_text
+from compose2sif.plan.network import PORT_BLOCK
 from compose2sif.types import WILDCARDS
 
 
@@ -202,7 +203,7 @@ def _oneline(text) -> str:
     return re.sub(r"[\x00-\x1f\x7f]", "?", str(text))  # a comment ends at a newline
 
 
-def _service_function(s: ServicePlan, fn: str) -> List[str]:
+def _service_function(s: ServicePlan, fn: str, own_address: str) -> List[str]:
     """svc_FN(): the service's settings as run.sh's engine reads them. Keys, names of files and
     numbers are ours (plain); every other value goes through _q."""
     binds = [(f"{b.source}:{b.target}" + (":ro" if b.read_only else ""), b) for b in s.binds if not b.socket]
@@ -216,6 +217,7 @@ def _service_function(s: ServicePlan, fn: str) -> List[str]:
         f"svc_{fn}() {{",
         f"    S_NAME={_q(s.name)}",
         f"    S_INSTANCE={_q(s.instance)}",
+        f"    S_OWN_ADDRESS={_q(own_address)}",  # its hosts-file address: its loopback under the tracer
         f'    S_SIF="$HERE/sif/{s.image}.sif"',
         f'    S_ENV="$HERE/{s.env_file}"',
         f"    S_WORKDIR={_q(s.workdir or '')}",
@@ -236,6 +238,8 @@ def _service_function(s: ServicePlan, fn: str) -> List[str]:
         f"    S_EMPTY={_array(b.source for _, b in binds if b.kind in ('tmpfs', 'scratch'))}",
         f"    S_ENDPOINTS={_array(_endpoint(p) for p in s.ports)}",
         f"    S_FORWARDS={_array(i for p in s.ports if p.forward for i in (p.forward, _forward_target(p)))}",
+        # published on their own number: served by the service itself, so its tracer leaves their binds alone
+        f"    S_KEPT_PORTS={_array(sorted({p.host for p in s.ports if p.published and not p.forward}))}",
         f"    S_HEALTH={_array(health['test'] if health else [])}",
         # three words a pre_start step: its image key, its env file, its fingerprint
         f"    S_PRE_START={_array(w for p in s.pre_start for w in (p.image, p.env_file, p.fingerprint))}",
@@ -263,6 +267,8 @@ def render_runner(plan: Plan) -> str:
            f'STATE="$HERE/{plan.state_dir}"',
            'RUNDIR="$STATE/run"',
            f"SERVICES={_array(s.name for s in plan.services)}",
+           "# where the tracer puts privileged ports (each service on its own address): the block's top half",
+           f"LOOPBACK_BLOCK={plan.port_base + PORT_BLOCK // 2}-{plan.port_base + PORT_BLOCK - 1}",
            f"LEVELS=({' '.join(str(s.level) for s in plan.services)})",
            f"MAX_LEVEL={max((s.level for s in plan.services), default=0)}",
            f"IMAGES={_array(plan.images)}",
@@ -273,12 +279,19 @@ def render_runner(plan: Plan) -> str:
            "",
            "# ---- the services (generated) ---------------------------------------------------------------"]
     for s, fn in zip(plan.services, functions):
-        out += _service_function(s, fn)
+        out += _service_function(s, fn, own_address(plan, s))
     out += ["", "load_service() {", '    case "$1" in']
     out += [f"        {_q(s.name)}) svc_{fn} ;;" for s, fn in zip(plan.services, functions)]
-    out += ['        *) die "no such service: $1 (services: ${SERVICES[*]})" ;;', "    esac", "}", "",
+    out += ['        *) die "no such service: $1 (services: ${SERVICES[*]})" ;;', "    esac",
+            "    isolated_endpoints  # where the tracer puts them, in intercept mode (run/lib/isolation.sh)", "}", "",
             "# ---- the engine (the same for every project: run/lib, run/cmd, run/main.sh) ----------------", ""]
     return "\n".join(out) + engine()
+
+
+def own_address(plan: Plan, service: ServicePlan) -> str:
+    """The address its name has in the hosts file, where the tracer gives it a loopback of its own
+    (also where the plan could not tell it an address)."""
+    return next((address for address, names in plan.hosts if service.name in names), service.address)
 
 
 def hosts_names(plan: Plan) -> str:
@@ -398,5 +411,10 @@ def write(plan: Plan, out_dir: str) -> None:
             _write(out_dir, forwarder.OUTPUT, binary, 0o755)
         else:
             plan.warnings.append(forwarder.MISSING)
+    tracer = loopback.binary()
+    if tracer is not None:
+        _write(out_dir, loopback.OUTPUT, tracer, 0o755)
+    elif loopback.MISSING not in plan.warnings:
+        plan.warnings.append(loopback.MISSING)
     _write(out_dir, "run.sh", render_runner(plan), 0o755)
     _write(out_dir, "plan.json", json.dumps(plan.to_json(), indent=2) + "\n", 0o644)

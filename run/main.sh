@@ -14,6 +14,7 @@ main() {
         build) cmd_build "$@" ;;
         pull) cmd_pull "$@" ;;
         _storage) cmd_storage ;;
+        _isolation) cmd_isolation ;;
         _supervise) cmd_supervise ;;
         -h | --help | help | "") sed -n '2,/^set -o/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
         *) die "unknown command $command (try: ./run.sh help)" ;;

@@ -86,6 +86,16 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(f"{left_out} end-to-end tests left out: add --e2e to run them (as root)")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def loopback_built():
+    """The tracer every convert writes as bin/c2s-loopback, compiled once for the suite
+    (compose2sif/loopback.py takes a fresh compose2sif/intercept/c2s-loopback), not once per
+    converting process."""
+    from compose2sif import loopback
+    if not loopback.fresh():
+        loopback.build(loopback.PREBUILT)
+
+
 @pytest.fixture
 def project(tmp_path):
     """A converted two-service project (db with a healthcheck, web depending on it) whose run.sh

@@ -153,6 +153,21 @@ def read_line_from(host: str, port: int):
     return [sys.executable, "-c", f"import socket; print(socket.create_connection(({host!r}, {port})).makefile().readline(), end='')"]
 
 
+def test_a_kept_port_is_bound_as_written(services, tracer, tmp_path):
+    """--keep P (a port published on its own number): the bind stays on every address, so the
+    node's clients reach it on 127.0.0.1 as Docker publishes it; other ports still move."""
+    kept, moved = free_port("127.0.0.1"), free_port("127.0.0.1")
+    code = ("import socket, time; s = [socket.create_server(('0.0.0.0', p)) for p in map(int, __import__('sys').argv[1:])]; "
+            "time.sleep(60)")
+    server = services("127.0.9.7", [sys.executable, "-c", code, str(kept), str(moved)], extra=("--keep", str(kept)))
+    wait_listening("127.0.0.1", kept)
+    wait_listening("127.0.9.7", moved)
+    assert refused("127.0.0.1", moved)
+    assert server.lines() == [f"bind TCP 0.0.0.0:{moved} 127.0.9.7:{moved}"]
+    bad = traced(tracer, "127.0.9.7", ["true"], "--keep", "x")
+    assert bad.returncode == 125 and bad.stderr == "c2s-loopback: --keep wants a PORT, got x\n"
+
+
 def test_privileged_port_goes_to_the_block_and_connects_follow(services, tracer, tmp_path):
     block = free_port("127.0.9.4")
     peers = tmp_path / "peers"

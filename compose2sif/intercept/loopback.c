@@ -1,7 +1,7 @@
 /* c2s-loopback: run a command with a per-service virtual loopback.
  *
- *   c2s-loopback --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--record FILE] [--peers DIR]
- *                -- COMMAND [ARG]...
+ *   c2s-loopback --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--keep P]... [--record FILE]
+ *                [--peers DIR] -- COMMAND [ARG]...
  *   c2s-loopback --check [--addr 127.A.B.C]     (exit 0: works here; 1 and one line: why not)
  *
  * For COMMAND and every process and thread it starts, bind/connect/sendto are relocated:
@@ -11,6 +11,8 @@
  *   - connect/sendto to 127.0.0.1, ::1, ::ffff:127.0.0.1, 0.0.0.0 or :: go to the own address,
  *     a relocated privileged port to where it went; a privileged port of another 127.x address
  *     goes where that service's record (a file in --peers) says it went;
+ *   - binds and connects of the service itself on a --keep port (one published on its own number,
+ *     which the node's clients reach on every address, as Docker publishes it) are left as written;
  *   - everything else is untouched.
  * Each distinct relocation is appended once to --record, one line: KIND PROTO FROM TO. A tracer
  * started beside the service's entry (a healthcheck, an exec) with the same --record finds the
@@ -78,6 +80,7 @@ static struct in_addr own_addr;          /* the service's own address, 127.A.B.C
 static uint16_t privileged_to[1024];     /* privileged port -> relocated port (0: not yet) */
 static int privileged_from_block[1024];  /* the relocation came from --block (may be retried) */
 static uint16_t block_lo, block_hi, block_next;
+static unsigned char kept[65536];        /* --keep: ports left as the program writes them */
 static int record_fd = -1;
 static const char *peers_dir;
 static int legacy_order;                 /* kernel < 4.8: seccomp stop before syscall-entry stop */
@@ -301,6 +304,8 @@ static int relocate(union sockaddr_any *a, int is_bind)
     struct in_addr new_addr = v4;
     uint16_t new_port = port;
     int self = is_v4(v4, "127.0.0.1") || is_v4(v4, "0.0.0.0") || v4.s_addr == own_addr.s_addr;
+    if (self && kept[port])
+        return 0;
     if (self) {
         new_addr = own_addr;
         if (port && port < 1024) {
@@ -732,7 +737,7 @@ static int kernel_before(int major, int minor)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: " NAME " --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--record FILE]"
+    fprintf(stderr, "usage: " NAME " --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--keep P]... [--record FILE]"
                     " [--peers DIR] -- COMMAND [ARG]...\n       " NAME " --check [--addr 127.A.B.C]\n");
     exit(EXIT_SETUP);
 }
@@ -781,6 +786,13 @@ int main(int argc, char **argv)
                 return EXIT_SETUP;
             }
             privileged_to[from] = to;
+        } else if (!strcmp(arg, "--keep")) {
+            uint16_t port;
+            if (!parse_port(value, &port)) {
+                fprintf(stderr, NAME ": --keep wants a PORT, got %s\n", value);
+                return EXIT_SETUP;
+            }
+            kept[port] = 1;
         } else if (!strcmp(arg, "--record")) {
             record_path = value;
         } else if (!strcmp(arg, "--peers")) {

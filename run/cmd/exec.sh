@@ -10,5 +10,6 @@ cmd_exec() {
     gpu_env_flags
     ENV_FLAGS+=("${GPU_ENV_FLAGS[@]}")
     [ -n "$S_WORKDIR" ] && ENV_FLAGS+=(--pwd "$S_WORKDIR")
-    exec "$RT" exec "${ENV_FLAGS[@]}" "instance://$S_INSTANCE" "$@"
+    traced "$@"  # under the tracer in intercept mode, as the service's entry (run/lib/isolation.sh)
+    exec "$RT" exec "${ENV_FLAGS[@]}" "instance://$S_INSTANCE" "${TRACED[@]}"
 }

@@ -4,9 +4,10 @@
 # schedule, so that `ps` runs none); only a service with no fresh result (no supervisor runs,
 # or its probe is late) is probed here, all of those at once. UPTIME: since its instance started.
 # Each service is loaded and its state read once (a service probed here is loaded again for its
-# result); the runtime is probed for what a probe needs only when one runs.
+# result); the runtime is probed for what a probe needs only when one runs. In intercept mode the
+# running services' relocations (the tracer's bind and park lines) follow the table.
 cmd_ps() {
-    local health pid i rows=() w=() probes=() later=() probing=0
+    local health pid i rows=() w=() probes=() later=() probing=0 running=()
     declare -A ipid_of=()
     PS_JSON=0 PS_ROWS=()
     [ "${1:-}" = --format ] && [ "${2:-}" = json ] && PS_JSON=1
@@ -18,6 +19,7 @@ cmd_ps() {
         service_state
         [ "$STATE_NOW" = exited ] && [ -n "$IPID" ] && [ "$S_ONESHOT" = 0 ] && root_lost && STALE_LOST+=("$S_NAME")
         health=none
+        [ "$STATE_NOW" = running ] && running+=("$S_NAME")
         if [ ${#S_HEALTH[@]} -gt 0 ] && [ "$STATE_NOW" = running ]; then
             if ! recorded_health; then  # its row once it is probed
                 [ "$probing" = 1 ] || { detect_runtime; probe_tools; probing=1; }
@@ -51,5 +53,6 @@ cmd_ps() {
             "${w[2]}" "${rows[i + 2]}" "${w[3]}" "${rows[i + 3]}" "${w[4]}" "${rows[i + 4]}" "${rows[i + 5]}"
     done
     tell_truth WARN "${SERVICES[@]}"  # what they listen on where the plan says otherwise
+    relocation_lines "${running[@]}" | sed 's/^/RELOCATED service /'  # what the tracer moved (run/lib/isolation.sh)
     return 0
 }

@@ -16,6 +16,7 @@ cmd_up() {
     detect_runtime
     refuse_missing_images "${names[@]}"
     prepare_state
+    choose_isolation  # a loopback per service, or the plan-time knobs (run/lib/isolation.sh)
     stop_supervisor  # one supervisor per project (a new one starts below), and none restarting what `up` starts
     clean_stale up
     mapfile -t names < <(closure "${names[@]}")

@@ -55,7 +55,8 @@ health_once() {
         CMD-SHELL) script=${S_HEALTH[1]} ;;
         *) return 0 ;;
     esac
-    probe_entering /bin/sh -c "$PROBE_SH" sh "${S_WORKDIR:-.}" <<<"$script"
+    traced /bin/sh -c "$PROBE_SH" sh "${S_WORKDIR:-.}"  # under the tracer in intercept mode (run/lib/isolation.sh)
+    probe_entering "${TRACED[@]}" <<<"$script"
     rc=$?
     [ "$ENTERED" = 1 ] && return "$rc"
     env_flags
@@ -63,7 +64,7 @@ health_once() {
     [ -f "${S_ENV%.env}.health$ENV_SUFFIX" ] && env_flags "${S_ENV%.env}.health.env"
     [ -n "$S_WORKDIR" ] && ENV_FLAGS+=(--pwd "$S_WORKDIR")
     timeout -k 2 "$S_HEALTH_TIMEOUT" "$RT" exec "${ENV_FLAGS[@]}" "instance://$S_INSTANCE" \
-        /bin/sh -c "$PROBE_SH" sh "${S_WORKDIR:-.}" <<<"$script" >/dev/null 2>&1
+        "${TRACED[@]}" <<<"$script" >/dev/null 2>&1
 }
 
 # The last probe's result, for `ps`: "TIME INSTANCE-PID healthy|unhealthy|starting FAILURES"

@@ -58,7 +58,7 @@ runtime_flags() {
     env_flags
     START_FLAGS=("${ENV_FLAGS[@]}")
     START_FLAGS+=(--bind "$STATE/hosts:/etc/hosts:ro")
-    start_script_flags
+    loopback_start_flags || start_script_flags  # its entry under the tracer, in intercept mode (run/lib/isolation.sh)
     [ -e "$RUNDIR/$S_NAME.fakeroot" ] && START_FLAGS+=(--fakeroot)
     local b src rest
     for b in "${S_BINDS[@]}"; do
@@ -248,6 +248,7 @@ start_service() {
         rm -f "$RUNDIR/$name.stopped"
         run_pre_start || return 1  # its pre_start steps, where they have not run (run/lib/pre_start.sh)
         runtime_flags
+        clear_record
         if [ "$S_ONESHOT" = 1 ]; then
             progress "$name" "running to completion"
             "$RT" exec "${START_FLAGS[@]}" "$S_SIF" /.singularity.d/startscript >"$STATE/logs/$name.log" 2>&1
@@ -277,6 +278,8 @@ start_service() {
             return 1
         fi
     fi
+    # (a privileged port's forwarder relays to where the tracer put it: run/lib/isolation.sh)
+    reason=$(wait_relocated "${C2S_LISTEN_TIMEOUT:-60}") || { set_status "$name" "failed $reason"; return 1; }
     reason=$(start_forwarders) || { set_status "$name" "failed $reason"; return 1; }  # (run/lib/forward.sh)
     set_status "$name" started
     if [ ${#S_HEALTH[@]} -gt 0 ]; then

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from compose2sif import forwarder
+from compose2sif import forwarder, loopback
 from testbed import Node, provision, registry, taken
 
 CI = bool(os.environ.get("CI"))
@@ -37,6 +37,8 @@ def testbed(request):
     # many compute nodes), so it is built here, as a user converting on a login node would have it
     if not forwarder.fresh() and not forwarder.build(forwarder.PREBUILT):
         pytest.fail(f"cannot build {forwarder.PREBUILT} (a C compiler with static libc is needed)")
+    if not loopback.fresh() and not loopback.build(loopback.PREBUILT):  # the tracer (bin/c2s-loopback), likewise
+        pytest.fail(f"cannot build {loopback.PREBUILT} (a C compiler with static libc is needed)")
     with taken(tell):
         try:
             info = provision()

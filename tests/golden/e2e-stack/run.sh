@@ -22,6 +22,8 @@ PROJECT=c2s-e2e
 STATE="$HERE/state"
 RUNDIR="$STATE/run"
 SERVICES=(db llm redis init api worker proxy)
+# where the tracer puts privileged ports (each service on its own address): the block's top half
+LOOPBACK_BLOCK=30050-30099
 LEVELS=(0 0 0 1 2 2 3)
 MAX_LEVEL=3
 IMAGES=(c2s-python-test c2s-postgres-test c2s-llama-test c2s-nginx-test c2s-redis-test)
@@ -33,6 +35,7 @@ ENTRY_POINTS=('proxy http 0.0.0.0 18080 /')
 svc_0_db() {
     S_NAME=db
     S_INSTANCE=c2s-e2e-db
+    S_OWN_ADDRESS=127.45.3.3
     S_SIF="$HERE/sif/c2s-postgres-test.sif"
     S_ENV="$HERE/env/db.env"
     S_WORKDIR=/
@@ -53,6 +56,7 @@ svc_0_db() {
     S_EMPTY=(state/services/db/scratch/tmp state/services/db/scratch/var_run_postgresql)
     S_ENDPOINTS=(127.45.3.3:5432)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD-SHELL 'pg_isready -h db -U app -d app')
     S_PRE_START=()
     S_HEALTH_INTERVAL=1.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=60
@@ -63,6 +67,7 @@ svc_0_db() {
 svc_1_llm() {
     S_NAME=llm
     S_INSTANCE=c2s-e2e-llm
+    S_OWN_ADDRESS=127.45.3.5
     S_SIF="$HERE/sif/c2s-llama-test.sif"
     S_ENV="$HERE/env/llm.env"
     S_WORKDIR=''
@@ -83,6 +88,7 @@ svc_1_llm() {
     S_EMPTY=(state/services/llm/scratch/tmp)
     S_ENDPOINTS=(127.45.3.5:8080)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD curl -fsS http://127.45.3.5:8080/health)
     S_PRE_START=()
     S_HEALTH_INTERVAL=1.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=120
@@ -93,6 +99,7 @@ svc_1_llm() {
 svc_2_redis() {
     S_NAME=redis
     S_INSTANCE=c2s-e2e-redis
+    S_OWN_ADDRESS=127.45.3.7
     S_SIF="$HERE/sif/c2s-redis-test.sif"
     S_ENV="$HERE/env/redis.env"
     S_WORKDIR=/data
@@ -113,6 +120,7 @@ svc_2_redis() {
     S_EMPTY=(state/services/redis/scratch/tmp)
     S_ENDPOINTS=(127.45.3.7:6379)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD redis-cli -h 127.45.3.7 ping)
     S_PRE_START=()
     S_HEALTH_INTERVAL=1.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=30
@@ -123,6 +131,7 @@ svc_2_redis() {
 svc_3_init() {
     S_NAME=init
     S_INSTANCE=c2s-e2e-init
+    S_OWN_ADDRESS=127.45.3.4
     S_SIF="$HERE/sif/c2s-python-test.sif"
     S_ENV="$HERE/env/init.env"
     S_WORKDIR=''
@@ -143,6 +152,7 @@ svc_3_init() {
     S_EMPTY=(state/services/init/scratch/tmp)
     S_ENDPOINTS=(127.45.3.4:8000)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
@@ -152,6 +162,7 @@ svc_3_init() {
 svc_4_api() {
     S_NAME=api
     S_INSTANCE=c2s-e2e-api
+    S_OWN_ADDRESS=127.45.3.2
     S_SIF="$HERE/sif/c2s-python-test.sif"
     S_ENV="$HERE/env/api.env"
     S_WORKDIR=''
@@ -172,6 +183,7 @@ svc_4_api() {
     S_EMPTY=(state/services/api/scratch/tmp)
     S_ENDPOINTS=(127.45.3.2:8000)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD python3 /app/server.py health)
     S_PRE_START=()
     S_HEALTH_INTERVAL=2.0 S_HEALTH_TIMEOUT=5.0 S_HEALTH_RETRIES=30
@@ -182,6 +194,7 @@ svc_4_api() {
 svc_5_worker() {
     S_NAME=worker
     S_INSTANCE=c2s-e2e-worker
+    S_OWN_ADDRESS=127.45.3.8
     S_SIF="$HERE/sif/c2s-python-test.sif"
     S_ENV="$HERE/env/worker.env"
     S_WORKDIR=''
@@ -202,6 +215,7 @@ svc_5_worker() {
     S_EMPTY=(state/services/worker/scratch/tmp)
     S_ENDPOINTS=(127.45.3.8:8000)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD python3 /app/server.py health)
     S_PRE_START=()
     S_HEALTH_INTERVAL=2.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=30
@@ -212,6 +226,7 @@ svc_5_worker() {
 svc_6_proxy() {
     S_NAME=proxy
     S_INSTANCE=c2s-e2e-proxy
+    S_OWN_ADDRESS=127.45.3.6
     S_SIF="$HERE/sif/c2s-nginx-test.sif"
     S_ENV="$HERE/env/proxy.env"
     S_WORKDIR=/
@@ -232,6 +247,7 @@ svc_6_proxy() {
     S_EMPTY=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)
     S_ENDPOINTS=('127.45.3.6:30000?' '127.45.3.6:30001?')
     S_FORWARDS=(0.0.0.0:18080 127.45.3.6:30000)
+    S_KEPT_PORTS=()
     S_HEALTH=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
@@ -250,6 +266,7 @@ load_service() {
         proxy) svc_6_proxy ;;
         *) die "no such service: $1 (services: ${SERVICES[*]})" ;;
     esac
+    isolated_endpoints  # where the tracer puts them, in intercept mode (run/lib/isolation.sh)
 }
 
 # ---- the engine (the same for every project: run/lib, run/cmd, run/main.sh) ----------------

@@ -22,6 +22,8 @@ PROJECT=chatapp
 STATE="$HERE/state"
 RUNDIR="$STATE/run"
 SERVICES=(db llm redis api web proxy)
+# where the tracer puts privileged ports (each service on its own address): the block's top half
+LOOPBACK_BLOCK=30050-30099
 LEVELS=(0 0 0 1 2 3)
 MAX_LEVEL=3
 IMAGES=(ghcr.io-example-chat-api-latest postgres-16 vllm-vllm-openai-v0.19.1 nginx-1.27-alpine redis-7 build-web)
@@ -33,6 +35,7 @@ ENTRY_POINTS=('proxy http 0.0.0.0 8080 /')
 svc_0_db() {
     S_NAME=db
     S_INSTANCE=chatapp-db
+    S_OWN_ADDRESS=127.45.3.3
     S_SIF="$HERE/sif/postgres-16.sif"
     S_ENV="$HERE/env/db.env"
     S_WORKDIR=/
@@ -53,6 +56,7 @@ svc_0_db() {
     S_EMPTY=(state/services/db/scratch/tmp state/services/db/scratch/var_run_postgresql)
     S_ENDPOINTS=(127.45.3.3:5432)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD-SHELL 'pg_isready -U ${POSTGRES_USER} -d ${POSTGRES_DB}')
     S_PRE_START=()
     S_HEALTH_INTERVAL=5.0 S_HEALTH_TIMEOUT=5.0 S_HEALTH_RETRIES=10
@@ -63,6 +67,7 @@ svc_0_db() {
 svc_1_llm() {
     S_NAME=llm
     S_INSTANCE=chatapp-llm
+    S_OWN_ADDRESS=127.45.3.4
     S_SIF="$HERE/sif/vllm-vllm-openai-v0.19.1.sif"
     S_ENV="$HERE/env/llm.env"
     S_WORKDIR=''
@@ -83,6 +88,7 @@ svc_1_llm() {
     S_EMPTY=(state/services/llm/tmpfs/tmp)
     S_ENDPOINTS=(127.45.3.4:8000)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD-SHELL 'curl -fsS http://127.45.3.4:8000/health || exit 1')
     S_PRE_START=()
     S_HEALTH_INTERVAL=30.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=3
@@ -93,6 +99,7 @@ svc_1_llm() {
 svc_2_redis() {
     S_NAME=redis
     S_INSTANCE=chatapp-redis
+    S_OWN_ADDRESS=127.45.3.6
     S_SIF="$HERE/sif/redis-7.sif"
     S_ENV="$HERE/env/redis.env"
     S_WORKDIR=/data
@@ -113,6 +120,7 @@ svc_2_redis() {
     S_EMPTY=(state/services/redis/scratch/tmp)
     S_ENDPOINTS=(127.45.3.6:6379)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD redis-cli -h 127.45.3.6 ping)
     S_PRE_START=()
     S_HEALTH_INTERVAL=30.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=3
@@ -123,6 +131,7 @@ svc_2_redis() {
 svc_3_api() {
     S_NAME=api
     S_INSTANCE=chatapp-api
+    S_OWN_ADDRESS=127.45.3.2
     S_SIF="$HERE/sif/ghcr.io-example-chat-api-latest.sif"
     S_ENV="$HERE/env/api.env"
     S_WORKDIR=/app
@@ -143,6 +152,7 @@ svc_3_api() {
     S_EMPTY=(state/services/api/scratch/tmp)
     S_ENDPOINTS=(127.45.3.2:8000)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
@@ -152,6 +162,7 @@ svc_3_api() {
 svc_4_web() {
     S_NAME=web
     S_INSTANCE=chatapp-web
+    S_OWN_ADDRESS=127.45.3.7
     S_SIF="$HERE/sif/build-web.sif"
     S_ENV="$HERE/env/web.env"
     S_WORKDIR=/app
@@ -172,6 +183,7 @@ svc_4_web() {
     S_EMPTY=(state/services/web/scratch/tmp)
     S_ENDPOINTS=(127.45.3.7:3000)
     S_FORWARDS=()
+    S_KEPT_PORTS=()
     S_HEALTH=(CMD wget -qO- http://127.45.3.7:3000/healthz)
     S_PRE_START=()
     S_HEALTH_INTERVAL=10.0 S_HEALTH_TIMEOUT=3.0 S_HEALTH_RETRIES=5
@@ -182,6 +194,7 @@ svc_4_web() {
 svc_5_proxy() {
     S_NAME=proxy
     S_INSTANCE=chatapp-proxy
+    S_OWN_ADDRESS=127.45.3.5
     S_SIF="$HERE/sif/nginx-1.27-alpine.sif"
     S_ENV="$HERE/env/proxy.env"
     S_WORKDIR=/
@@ -202,6 +215,7 @@ svc_5_proxy() {
     S_EMPTY=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)
     S_ENDPOINTS=('127.45.3.5:30000?' '127.45.3.5:30001?')
     S_FORWARDS=(0.0.0.0:8080 127.45.3.5:30000)
+    S_KEPT_PORTS=()
     S_HEALTH=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
@@ -219,6 +233,7 @@ load_service() {
         proxy) svc_5_proxy ;;
         *) die "no such service: $1 (services: ${SERVICES[*]})" ;;
     esac
+    isolated_endpoints  # where the tracer puts them, in intercept mode (run/lib/isolation.sh)
 }
 
 # ---- the engine (the same for every project: run/lib, run/cmd, run/main.sh) ----------------

@@ -1,0 +1,230 @@
+# ---- run/lib/isolation.sh: port isolation, a loopback per service or the plan-time knobs ------
+
+# Docker gives every container a loopback of its own; here the services share the node's. Where
+# the node lets a process trace its children (ptrace) and filter system calls (seccomp),
+# bin/c2s-loopback (compose2sif/intercept/loopback.c, docs/interception.md) runs each service's
+# entry, healthchecks and execs with their binds and connects relocated to the service's own
+# address (S_OWN_ADDRESS), privileged ports onto LOOPBACK_BLOCK: ISOLATION=intercept. Elsewhere,
+# or with C2S_PORT_ISOLATION=plan, the addresses and ports convert told each service are all there
+# is: ISOLATION=plan. `up` decides (choose_isolation) and keeps the answer in RUNDIR/isolation,
+# "HOST REQUESTED MODE" then the reason; every other command reads it (isolation_mode).
+ISOLATION_DEFAULT=plan
+LOOPBACK="$HERE/bin/c2s-loopback"
+LOOPBACK_IN=/.c2s/loopback RECORDS_IN=/.c2s/records
+ISOLATION="" ISOLATION_WHY=""
+
+# Each service's relocations, one "KIND PROTO FROM TO" line each, written by its tracers.
+records_dir() { printf '%s' "$RUNDIR/loopback"; }
+
+# ISOLATION and ISOLATION_WHY as the last `up` on this node decided (plan when none did).
+isolation_mode() {
+    local host="" requested="" mode=""
+    { read -r host requested mode && IFS= read -r ISOLATION_WHY; } 2>/dev/null <"$RUNDIR/isolation"
+    if [ "$mode" = intercept ] && [ "$host" = "$HOSTNAME" ]; then ISOLATION=intercept; else ISOLATION=plan; fi
+}
+
+keep_isolation() {  # MODE REQUESTED WHY
+    ISOLATION=$1 ISOLATION_WHY=$3
+    printf '%s %s %s\n%s\n' "$HOSTNAME" "$2" "$1" "$3" >"$RUNDIR/isolation.$$" && mv -f "$RUNDIR/isolation.$$" "$RUNDIR/isolation"
+}
+
+# For `up`: C2S_PORT_ISOLATION=auto|intercept|plan. auto and intercept ask the node once (kept
+# until the tracer changes): `c2s-loopback --check` inside the first service's image, as services
+# run. Where it cannot work, auto says why in one line and keeps to the plan; intercept fails.
+choose_isolation() {
+    local requested=${C2S_PORT_ISOLATION:-$ISOLATION_DEFAULT} host="" asked="" mode="" why name sif="" rc
+    case "$requested" in
+        auto | intercept | plan) ;;
+        *) die "C2S_PORT_ISOLATION=$requested: give auto, intercept or plan" ;;
+    esac
+    mkdir -p "$(records_dir)"
+    if [ "$requested" = plan ]; then
+        keep_isolation plan plan "C2S_PORT_ISOLATION=plan"
+        return 0
+    fi
+    { read -r host asked mode && IFS= read -r why; } 2>/dev/null <"$RUNDIR/isolation"
+    if [ "$host" = "$HOSTNAME" ] && [ "$asked" = "$requested" ] && [ "$RUNDIR/isolation" -nt "$LOOPBACK" ]; then
+        ISOLATION=$mode ISOLATION_WHY=$why
+    else
+        mode=plan
+        for name in "${SERVICES[@]}"; do
+            load_service "$name"
+            [ -f "$S_SIF" ] && { sif=$S_SIF; break; }
+        done
+        if [ ! -x "$LOOPBACK" ]; then
+            why="no bin/c2s-loopback: convert could not build it (no C compiler or static C library where it ran)"
+        elif [ -z "$sif" ]; then
+            why="no image is built yet to check c2s-loopback in"
+        elif why=$("$RT" exec --bind "$LOOPBACK:$LOOPBACK_IN:ro" "$sif" "$LOOPBACK_IN" --check --addr "$S_OWN_ADDRESS" 2>&1); then
+            why="ptrace+seccomp, kernel $(uname -r)"
+            mode=intercept
+        else
+            rc=$?
+            why=$(grep -v -e '^INFO' -e '^[[:space:]]*$' <<<"$why" | tail -n 1)
+            why="c2s-loopback --check: ${why:-it failed with exit code $rc}"
+        fi
+        if [ -n "$sif" ] || [ ! -x "$LOOPBACK" ]; then keep_isolation "$mode" "$requested" "$why"; else ISOLATION=plan ISOLATION_WHY=$why; fi
+    fi
+    if [ "$ISOLATION" = plan ]; then
+        [ "$requested" = intercept ] && die "up: C2S_PORT_ISOLATION=intercept, but $ISOLATION_WHY"
+        note "port isolation: plan-time knobs only ($ISOLATION_WHY)"
+    fi
+    return 0
+}
+
+# A word for the tracer's /bin/sh command line, quoted for it whatever it holds.
+sh_word() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
+
+# The tracer's words for the loaded service: --addr, a --keep for each port published on its own
+# number (the node's clients reach it on every address, as Docker publishes it), --record, --peers
+# (and $@ before them).
+TRACER_WORDS=()
+tracer_words() {
+    local port
+    TRACER_WORDS=("$LOOPBACK_IN" --addr "$S_OWN_ADDRESS" "$@")
+    for port in "${S_KEPT_PORTS[@]}"; do TRACER_WORDS+=(--keep "$port"); done
+    TRACER_WORDS+=(--record "$RECORDS_IN/$S_NAME" --peers "$RECORDS_IN")
+}
+
+# In intercept mode, the flags that start the loaded service's entry under the tracer (added to
+# START_FLAGS): the tracer and the records bound in, and a start script of ours over the image's
+# that runs the image's own (its definition's %startscript) under c2s-loopback. Returns 1 in plan
+# mode, and for a definition without a start script of ours (the image's start script as it is).
+loopback_start_flags() {
+    [ "$ISOLATION" = intercept ] || return 1
+    local key=${S_SIF##*/} line in=0 entry wrapper word
+    key=${key%.sif}
+    entry="$RUNDIR/$key.entry" wrapper="$RUNDIR/$S_NAME.traced"
+    grep -qx %startscript "$HERE/definitions/$key.def" 2>/dev/null || return 1
+    {
+        printf '#!/bin/sh\n\n'
+        while IFS= read -r line; do
+            if [ "$in" = 1 ]; then printf '%s\n' "$line"; elif [ "$line" = %startscript ]; then in=1; fi
+        done <"$HERE/definitions/$key.def"
+    } >"$entry.$BASHPID" && mv -f "$entry.$BASHPID" "$entry" || return 1
+    tracer_words --block "$LOOPBACK_BLOCK"
+    {
+        printf '#!/bin/sh\n# compose2sif: the start script under the per-service loopback (run/lib/isolation.sh)\nexec'
+        for word in "${TRACER_WORDS[@]}" -- /bin/sh /.c2s/entry; do printf ' %s' "$(sh_word "$word")"; done
+        printf ' "$@"\n'
+    } >"$wrapper.$BASHPID" && chmod 0755 "$wrapper.$BASHPID" && mv -f "$wrapper.$BASHPID" "$wrapper" || return 1
+    START_FLAGS+=(--bind "$LOOPBACK:$LOOPBACK_IN:ro" --bind "$(records_dir):$RECORDS_IN"
+        --bind "$entry:/.c2s/entry:ro" --bind "$wrapper:/.singularity.d/startscript:ro")
+}
+
+# Before the loaded service's entry starts: its record emptied (the relocations of its last run
+# are not this one's).
+clear_record() {
+    [ "$ISOLATION" = intercept ] && : >"$(records_dir)/$S_NAME"
+    return 0
+}
+
+# The command $@ prefixed with the tracer for the loaded service, in TRACED (a healthcheck or an
+# exec: its own relocations go to the service's record, and it finds where the entry's went).
+TRACED=()
+traced() {
+    if [ "$ISOLATION" = intercept ]; then
+        tracer_words
+        TRACED=("${TRACER_WORDS[@]}" -- "$@")
+    else
+        TRACED=("$@")
+    fi
+}
+
+# Where port $1 of the loaded service went (its record's bind lines), in RELOCATED as ADDR:PORT;
+# fails where it is not recorded (not bound yet, or never relocated to another port).
+RELOCATED=""
+relocated_port() {
+    local kind proto from to
+    RELOCATED=""
+    while read -r kind proto from to; do
+        if [ "$kind" != bind ] || [ "${from##*:}" != "$1" ] || [ "${proto%v6}" != TCP ]; then continue; fi
+        to=${to#[} to=${to/]/} to=${to#::ffff:}
+        RELOCATED=$to
+        return 0
+    done 2>/dev/null <"$(records_dir)/$S_NAME"
+    return 1
+}
+
+# Where the tracer puts a bind of the loaded service to $1 (ADDR:PORT), in ISOLATED: a loopback
+# or wildcard address becomes its own, a privileged port where its record says it went; fails
+# for a privileged port not recorded yet. Other addresses and kept ports are left alone, as by
+# the tracer.
+ISOLATED=""
+isolated_endpoint() {
+    local port=${1##*:}
+    ISOLATED=$1
+    case " ${S_KEPT_PORTS[*]} " in *" $port "*) return 0 ;; esac
+    case "${1%:*}" in 0.0.0.0 | :: | 127.0.0.1 | "$S_OWN_ADDRESS") ;; *) return 0 ;; esac
+    ISOLATED="$S_OWN_ADDRESS:$port"
+    ((port < 1024)) || return 0
+    relocated_port "$port" || return 1
+    ISOLATED=$RELOCATED
+}
+
+# Called by load_service: in intercept mode the service's endpoints and forwarder targets are
+# where the tracer puts them (isolated_endpoint); a privileged endpoint not recorded yet is not
+# waited for (the forwarders wait for theirs: wait_relocated).
+isolated_endpoints() {
+    [ -n "$ISOLATION" ] || isolation_mode
+    [ "$ISOLATION" = intercept ] || return 0
+    local i e optional
+    for i in "${!S_ENDPOINTS[@]}"; do
+        e=${S_ENDPOINTS[i]} optional=""
+        [ "${e%\?}" != "$e" ] && optional="?" e=${e%\?}
+        isolated_endpoint "$e" || optional="?"
+        S_ENDPOINTS[i]=$ISOLATED$optional
+    done
+    for ((i = 1; i < ${#S_FORWARDS[@]}; i += 2)); do
+        isolated_endpoint "${S_FORWARDS[i]}"
+        S_FORWARDS[i]=$ISOLATED
+    done
+}
+
+# Wait until the loaded service's record says where each privileged port its forwarders relay to
+# went, for up to $1 s (its forwarders start with the right target). Prints why not.
+wait_relocated() {
+    [ "$ISOLATION" = intercept ] || return 0
+    local deadline=$((SECONDS + $1)) i port missing
+    while :; do
+        missing=""
+        for ((i = 1; i < ${#S_FORWARDS[@]}; i += 2)); do
+            port=${S_FORWARDS[i]##*:}
+            isolated_endpoint "${S_FORWARDS[i]}" || missing+=" $port"
+        done
+        [ -z "$missing" ] && { isolated_endpoints; return 0; }
+        if ! service_running; then
+            echo "exited before it bound its published port(s)$missing (exit code $(exit_code))"
+            return 1
+        fi
+        if ((SECONDS >= deadline)); then
+            echo "did not bind its published port(s)$missing $1 s after it started"
+            return 1
+        fi
+        nap 0.1
+    done
+}
+
+# The relocations `ps` shows: each service's bind and park lines, as "NAME: LINE".
+relocation_lines() {
+    [ "$ISOLATION" = intercept ] || return 0
+    local name kind rest
+    for name in "$@"; do
+        while read -r kind rest; do
+            case "$kind" in bind | park) printf '%s: %s %s\n' "$name" "$kind" "$rest" ;; esac
+        done 2>/dev/null <"$(records_dir)/$name"
+    done
+}
+
+# `_isolation`, for `compose2sif doctor`: what `up` gets here (where C2S_PORT_ISOLATION is not
+# set: what this node allows, auto), asked now where it is not kept.
+cmd_isolation() {
+    detect_runtime
+    prepare_state
+    C2S_PORT_ISOLATION=${C2S_PORT_ISOLATION:-auto} choose_isolation
+    if [ "$ISOLATION" = intercept ]; then
+        printf 'intercept\t%s\n' "$ISOLATION_WHY"
+    else
+        printf 'plan\t%s\n' "$ISOLATION_WHY"
+    fi
+}

@@ -1,0 +1,116 @@
+"""Issue 23 on the test bed: a stack whose services all bind 0.0.0.0 on one port, with no hint
+(tests/e2e/intercept-stack: three copies of one Python server answering its own name, an nginx
+listening on 80 and [::]:80, and Debian's etcd, a Go server, where this machine's apt cache has its
+package), runs under the per-service loopback (bin/c2s-loopback): each answers by its name on its
+own address, from the node and from another service. With C2S_PORT_ISOLATION=plan the same stack
+gets today's plan-time knobs only: the copies clash on 0.0.0.0:8000. Real Apptainer, real images,
+as the unprivileged user hpc (rootless), and on the setuid node where the test bed has one."""
+import glob
+import json
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+OUT = "out-icpt"
+COPIES = ("a", "b", "c")
+ETCD_DEB = sorted(glob.glob("/var/cache/apt/archives/etcd-server_*_amd64.deb"))  # a Go server from Debian
+
+
+def add_go_server(node, stack: Path) -> bool:
+    """Debian's etcd binary into the stack (bound into the Python image), and a service for it in
+    an override file: a Go program makes its binds from its own threads as raw system calls."""
+    if not ETCD_DEB:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(["dpkg-deb", "-x", ETCD_DEB[-1], tmp], check=True)
+        (stack / "go").mkdir()
+        (stack / "go" / "etcd").write_bytes((Path(tmp) / "usr/bin/etcd").read_bytes())
+    (stack / "go" / "etcd").chmod(0o755)
+    (stack / "compose.go.yaml").write_text(
+        "services:\n  go:\n    image: c2s/python:test\n    volumes: ['./go:/go:ro']\n"
+        "    command: ['/go/etcd', '--name', 'go', '--data-dir', '/tmp/etcd']\n")
+    subprocess.run(["chown", "-R", f"{node.uid}:{node.uid}", str(stack)], check=True)
+    return True
+
+
+def up(node, isolation: str, go: bool):
+    files = "-f intercept-stack/compose.yaml" + (" -f intercept-stack/compose.go.yaml" if go else "")
+    return node.run(f"cd ~ && C2S_PORT_ISOLATION={isolation} python3 -m compose2sif {files} up -d "
+                    f"--registry-mirror {node.registry} -o {OUT}", timeout=1500)
+
+
+def own_addresses(node):
+    plan = json.loads((node.home / OUT / "plan.json").read_text())
+    return {names[0]: address for address, names in plan["hosts"] if names}
+
+
+def fetch(node, url: str, via: str = "") -> str:
+    """A GET from the node (plain curl, untraced), or from inside service `via` (run.sh exec: under its tracer)."""
+    if via:
+        code = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode().strip())"
+        proc = node.run(f"cd ~ && {OUT}/run.sh exec {via} python3 -c {json.dumps(code)}", timeout=120)
+    else:
+        proc = node.run(f"curl -fsS --max-time 10 {url}", timeout=60)
+    assert proc.returncode == 0, f"{url} via {via or 'the node'}: {proc.stdout}{proc.stderr}"
+    return proc.stdout.strip()
+
+
+@pytest.fixture(scope="module", params=["rootless", "setuid"])
+def bed(request, node):
+    if request.param == "setuid":
+        node = request.getfixturevalue("setuid_node")
+    stack = node.copy_stack("intercept-stack", source="intercept-stack")
+    go = add_go_server(node, stack)
+    node.run(f"cd ~ && rm -rf {OUT}")
+    yield node, go
+    node.run(f"cd ~ && {OUT}/run.sh down -v", timeout=300)
+
+
+def test_every_service_keeps_its_port_and_answers_by_name(bed):
+    node, go = bed
+    proc = up(node, "intercept", go)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    own = own_addresses(node)
+    ps = node.run(f"cd ~ && {OUT}/run.sh ps", timeout=120).stdout
+    for name in COPIES:  # from the node: each on its own address, the port it bound
+        assert fetch(node, f"http://{own[name]}:8000/") == f"I am {name}"
+    # nginx's port 80 went to the project's block on its own address (its IPv6-only twin parked)
+    moved = re.search(rf"RELOCATED service web: bind TCP 0\.0\.0\.0:80 ({re.escape(own['web'])}:\d+)", ps)
+    assert moved, ps
+    assert re.search(r"RELOCATED service web: park TCPv6 \[::\]:80 ", ps), ps
+    assert fetch(node, f"http://{moved.group(1)}/") == "I am web"
+    # from inside: another service by name (port 80 through web's record), and its own localhost
+    assert fetch(node, "http://b:8000/", via="a") == "I am b"
+    assert fetch(node, "http://web/", via="c") == "I am web"
+    assert fetch(node, "http://localhost:8000/", via="c") == "I am c"
+    table = node.run("cat /proc/net/tcp /proc/net/tcp6", check=True).stdout
+    wildcards = [f[1] for f in (line.split() for line in table.splitlines()) if len(f) > 3 and f[3] == "0A"
+                 and f[1].endswith(":1F40") and set(f[1][:-5]) == {"0"}]
+    assert not wildcards, "something listens on every address, port 8000"
+    if go:
+        members = node.run(f"curl -fsS --max-time 10 -X POST -d '{{}}' http://{own['go']}:2379/v3/cluster/member/list",
+                           timeout=60)
+        assert members.returncode == 0 and '"name":"go"' in members.stdout, members.stdout + members.stderr
+    doctor = node.c2s(f"doctor -o {OUT}", timeout=300).stdout
+    assert "ok   port isolation: per-service loopback (ptrace+seccomp" in doctor, doctor
+
+
+def test_plan_mode_is_todays_behaviour(bed):
+    """C2S_PORT_ISOLATION=plan: the node's one loopback. nginx cannot bind 80 (up fails, saying
+    so); the copies all bind 0.0.0.0:8000 (Python's server sets SO_REUSEPORT where it has it, then
+    the kernel deals connections among them; else the later ones fail): one port, not three."""
+    node, go = bed
+    node.run(f"cd ~ && {OUT}/run.sh down", timeout=300)
+    proc = up(node, "plan", go)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "bind() to 0.0.0.0:80 failed (13: Permission denied)" in proc.stderr, proc.stderr
+    assert "listens on all interfaces (0.0.0.0:8000)" in proc.stderr, proc.stderr
+    answers = {fetch(node, "http://127.0.0.1:8000/") for _ in range(6)}
+    assert answers <= {f"I am {n}" for n in COPIES}, answers
+    ps = node.run(f"cd ~ && {OUT}/run.sh ps", timeout=120).stdout
+    assert "RELOCATED" not in ps, ps

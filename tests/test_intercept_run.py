@@ -1,0 +1,236 @@
+"""The per-service loopback in convert and run.sh (issue 23, integration; docs/interception.md).
+
+convert puts the tracer (compose2sif/intercept/loopback.c, compiled here) into bin/c2s-loopback;
+run.sh's run/lib/isolation.sh chooses the mode and starts entries, probes and execs under it.
+Here, on this machine: the real tracer runs a STAND-IN SERVER (a Python one-liner named
+`c2s-standin-*`, binding 0.0.0.0:80 as an image's server does) in place of a service's entry, and
+run.sh's own functions read its record; the real forwarder relays to where the tracer put the port.
+The runtime that `up` asks to run `c2s-loopback --check` is a STAND-IN RUNTIME (a bash script that
+runs the command it is given outside any container)."""
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from compose2sif import loopback
+
+REPO = Path(__file__).resolve().parent.parent
+RUN = REPO / "run"
+ENGINE_MARKER = "# ---- the engine (the same for every project"
+BLOCK = "127.78.8"
+
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() != "x86_64" or not shutil.which("cc"),
+    reason="c2s-loopback is x86_64 Linux only and is built here with cc")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """web: an image's server on port 8000 that nobody can tell anything, published on another number."""
+    root = tmp_path_factory.mktemp("icpt")
+    published = free_port()
+    (root / "compose.yaml").write_text(f"""
+services:
+  web:
+    image: busybox
+    ports: ["{published}:8000"]
+  a:
+    image: busybox
+    command: ["it's", "$$HOME", "a;b"]
+  z:
+    image: busybox
+    ports: ["{published + 1}:{published + 1}"]
+""")
+    proc = subprocess.run(["python3", "-m", "compose2sif", "-f", str(root / "compose.yaml"), "convert", "--offline",
+                           "--address-block", f"{BLOCK}.0/24", "--port-base", "24000", "-o", str(root / "out")],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    text = (root / "out" / "run.sh").read_text()
+    (root / "out" / "header.sh").write_text(text[:text.index(ENGINE_MARKER)])
+    (root / "out" / "convert.err").write_text(proc.stderr)
+    return root / "out", published
+
+
+@pytest.fixture
+def project(converted, tmp_path):
+    out, published = converted
+    shutil.copytree(out, tmp_path / "out", symlinks=True)
+    for sub in ("state/run/loopback", "state/logs"):
+        (tmp_path / "out" / sub).mkdir(parents=True)
+    started = []
+    yield tmp_path, published, started
+    bash(tmp_path, "stop_forwarders web")
+    for proc in started:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def bash(tmp_path, script, **env):
+    """The project's header and run/lib/*.sh, then SCRIPT."""
+    text = (f'source {tmp_path}/out/header.sh && for f in {RUN}/lib/*.sh; do source "$f"; done && '
+            'RT=/bin/false && ' + script)
+    return subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env})
+
+
+def test_convert_puts_the_tracer_beside_run_sh(converted):
+    out, _ = converted
+    tracer = out / loopback.OUTPUT
+    assert tracer.read_bytes().startswith(b"\x7fELF") and os.access(tracer, os.X_OK)
+    assert subprocess.run([str(tracer), "--check", "--addr", f"{BLOCK}.9"], capture_output=True).returncode == 0
+    run_sh = (out / "run.sh").read_text()
+    assert "LOOPBACK_BLOCK=24050-24099" in run_sh and f"S_OWN_ADDRESS={BLOCK}." in run_sh
+    assert "bin/c2s-loopback" not in (out / "convert.err").read_text()
+
+
+def test_without_a_compiler_convert_warns_once_and_writes_no_tracer(tmp_path, monkeypatch):
+    monkeypatch.setattr(loopback, "PREBUILT", str(tmp_path / "none"))
+    monkeypatch.setattr(loopback, "_compiled", [])
+    monkeypatch.setenv("CC", "/bin/false")
+    assert loopback.binary() is None
+    (tmp_path / "compose.yaml").write_text("services:\n  a:\n    image: busybox\n")
+    from compose2sif import cli
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["convert", "--offline", "-o", str(tmp_path / "out")])
+    assert done.value.code in (0, None)
+    plan = (tmp_path / "out" / "plan.json").read_text()
+    assert plan.count("bin/c2s-loopback could not be built here") == 1
+    assert not (tmp_path / "out" / "bin" / "c2s-loopback").exists()
+
+
+STANDIN_RUNTIME = """#!/bin/bash
+# c2s-standin-runtime: a STAND-IN RUNTIME. `exec --bind SRC:DST:ro SIF CMD ARG...` runs CMD (DST
+# being SRC) outside any container; nothing else is understood.
+[ "$1" = exec ] && [ "$2" = --bind ] || exit 99
+src=${3%%:*} dst=${3#*:} dst=${dst%:ro}
+shift 4
+[ "$1" = "$dst" ] && shift && exec "$src" "$@"
+exit 98
+"""
+
+
+def test_up_chooses_the_loopback_where_the_check_passes_and_says_why_not_elsewhere(project):
+    tmp_path, _, _ = project
+    runtime = tmp_path / "c2s-standin-runtime"
+    runtime.write_text(STANDIN_RUNTIME)
+    runtime.chmod(0o755)
+    (tmp_path / "out" / "sif").mkdir(exist_ok=True)
+    (tmp_path / "out" / "sif" / "busybox.sif").write_text("a stand-in SIF: the stand-in runtime never reads it")
+    choose = f'RT={runtime} && choose_isolation && echo "$ISOLATION|$ISOLATION_WHY" && cat "$RUNDIR/isolation"'
+    auto = bash(tmp_path, choose, C2S_PORT_ISOLATION="auto")
+    assert auto.returncode == 0, auto.stderr
+    assert auto.stdout.startswith("intercept|ptrace+seccomp, kernel ")
+    assert " auto intercept\n" in auto.stdout
+    # kept: a second `up` does not ask again (the runtime is gone)
+    again = bash(tmp_path, 'RT=/nonexistent && choose_isolation && echo "$ISOLATION"', C2S_PORT_ISOLATION="auto")
+    assert again.stdout == "intercept\n"
+    assert bash(tmp_path, 'isolation_mode && echo "$ISOLATION"').stdout == "intercept\n"
+    # asked otherwise, the node is asked again: a check that fails is not the last one's success
+    failing = bash(tmp_path, "RT=/bin/false && choose_isolation", C2S_PORT_ISOLATION="intercept")
+    assert failing.returncode == 1
+    assert failing.stderr == ("run.sh: up: C2S_PORT_ISOLATION=intercept, but c2s-loopback --check: it failed with "
+                              "exit code 1\n")
+    plan = bash(tmp_path, 'choose_isolation && echo "$ISOLATION|$ISOLATION_WHY"', C2S_PORT_ISOLATION="plan")
+    assert plan.stdout == "plan|C2S_PORT_ISOLATION=plan\n" and plan.stderr == ""
+    # where the tracer cannot run: one line, and the knobs
+    (tmp_path / "out" / "bin" / "c2s-loopback").unlink()
+    gone = bash(tmp_path, 'choose_isolation && echo "$ISOLATION"', C2S_PORT_ISOLATION="auto")
+    assert gone.stdout == "plan\n"
+    assert gone.stderr.count("\n") == 1 and "port isolation: plan-time knobs only (no bin/c2s-loopback" in gone.stderr
+    forced = bash(tmp_path, "choose_isolation", C2S_PORT_ISOLATION="intercept")
+    assert forced.returncode == 1 and forced.stderr.startswith("run.sh: up: C2S_PORT_ISOLATION=intercept, but no bin/")
+    bad = bash(tmp_path, "choose_isolation", C2S_PORT_ISOLATION="docker")
+    assert bad.returncode == 1 and bad.stderr == "run.sh: C2S_PORT_ISOLATION=docker: give auto, intercept or plan\n"
+
+
+def test_a_port_published_on_its_own_number_is_kept_where_the_service_binds_it(project):
+    tmp_path, published, _ = project
+    intercept(tmp_path)
+    proc = bash(tmp_path, 'load_service z && echo "${S_ENDPOINTS[*]}" && traced true && echo "${TRACED[*]}"')
+    assert proc.returncode == 0, proc.stderr
+    endpoint, words = proc.stdout.splitlines()
+    assert endpoint == f"0.0.0.0:{published + 1}?"  # on every address, as Docker publishes it
+    assert f" --keep {published + 1} --record " in words
+
+
+def intercept(tmp_path):
+    (tmp_path / "out" / "state" / "run" / "isolation").write_text(f"{socket.gethostname()} auto intercept\nwhy\n")
+
+
+def test_the_entry_probe_and_exec_run_under_the_tracer_with_words_quoted(project):
+    tmp_path, _, _ = project
+    plain = bash(tmp_path, 'load_service a && START_FLAGS=() && if loopback_start_flags; then echo traced; fi; '
+                           'traced id -u && printf "<%s>" "${TRACED[@]}"')
+    assert plain.stdout == "<id><-u>"
+    intercept(tmp_path)
+    proc = bash(tmp_path, 'load_service a && START_FLAGS=() && loopback_start_flags && printf "<%s>" "${START_FLAGS[@]}"'
+                          ' && echo && traced id -u && printf "<%s>" "${TRACED[@]}"')
+    assert proc.returncode == 0, proc.stderr
+    flags, words = proc.stdout.splitlines()
+    run = tmp_path / "out" / "state" / "run"
+    assert f"<{run}/a.traced:/.singularity.d/startscript:ro>" in flags
+    assert f"<{run}/loopback:/.c2s/records>" in flags and f"<{run}/busybox.entry:/.c2s/entry:ro>" in flags
+    assert words == f"</.c2s/loopback><--addr><{BLOCK}.2><--record></.c2s/records/a><--peers></.c2s/records><--><id><-u>"
+    wrapper = (run / "a.traced").read_text()
+    assert wrapper.splitlines()[-1] == (f"exec '/.c2s/loopback' '--addr' '{BLOCK}.2' '--block' '24050-24099' "
+                                        "'--record' '/.c2s/records/a' '--peers' '/.c2s/records' '--' '/bin/sh' "
+                                        "'/.c2s/entry' \"$@\"")
+    entry = (run / "busybox.entry").read_text()
+    assert 'eval "$C2S_LAUNCH"' in entry and "exec /.singularity.d/runscript" in entry
+
+
+def test_ports_are_published_from_where_the_tracer_put_them(project):
+    """The stand-in server binds 0.0.0.0:8000 and 0.0.0.0:80 under the real tracer (as the
+    service's entry would); run.sh reads the record: the endpoint, the forwarder's target, where a
+    privileged port went, ps's lines."""
+    tmp_path, published, started = project
+    intercept(tmp_path)
+    own = f"{BLOCK}.3"
+    record = tmp_path / "out" / "state" / "run" / "loopback" / "web"
+    code = ("import http.server as h, threading; s = [h.HTTPServer(('0.0.0.0', p), h.SimpleHTTPRequestHandler) "
+            "for p in (80, 8000)]; threading.Thread(target=s[0].serve_forever).start(); s[1].serve_forever()")
+    proc = subprocess.Popen([str(tmp_path / "out" / "bin" / "c2s-loopback"), "--addr", own, "--block", "24050-24099",
+                             "--record", str(record), "--peers", str(record.parent), "--",
+                             "python3", "-c", code, "c2s-standin-web"],
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=tmp_path)
+    started.append(proc)
+    script = ('load_service web && service_running() { true; } && wait_relocated 10 && '
+              'echo "${S_ENDPOINTS[*]}|${S_FORWARDS[*]}" && until [ -s "$RUNDIR/loopback/web" ]; do nap 0.1; done && '
+              'until isolated_endpoint 0.0.0.0:80; do nap 0.1; done && echo "$ISOLATED" && '
+              'start_forwarders && relocation_lines web')
+    result = bash(tmp_path, script)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    endpoints, forwards = lines[0].split("|")
+    assert endpoints == f"{own}:8000?"  # planned 0.0.0.0:8000 (it cannot be told), bound on its own address
+    assert forwards == f"0.0.0.0:{published} {own}:8000"
+    assert lines[1] == f"{own}:24050"  # 80 went to the first port of the block's top half
+    assert sorted(lines[2:]) == [f"web: bind TCP 0.0.0.0:80 {own}:24050", f"web: bind TCP 0.0.0.0:8000 {own}:8000"]
+    for _ in range(50):  # (until the stand-in listens on 8000 too)
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{published}/", timeout=10) as answer:
+                assert answer.status == 200
+                break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        raise AssertionError(f"nothing answered on the published port {published}")
