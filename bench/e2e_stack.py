@@ -13,7 +13,9 @@ Prints, for `up -d` of the 7-service stack (SIFs already built):
 
 To compare two versions of compose2sif, the same test bed (this tree's tests/e2e) drives another
 checkout through its own CLI and run.sh: `--repo DIR` is bound at /work on the node in place of
-this tree, each checkout with an output directory of its own; `--record FILE` appends each run's
+this tree, each checkout with an output directory of its own (and, with --sif-cache, a SIF
+cache of its own: compose2sif since 06e226d keys a registry image's SIF as before but builds it
+from docker:// without the start script, which an older run.sh expects inside); `--record FILE` appends each run's
 figures as a JSON line, and `--compare FILE` prints the medians per checkout and new/old ratios
 (the checkout given first in FILE is "old" unless --old names it). Rounds interleaved, one run
 each, let the load of a shared machine fall on both alike:
@@ -24,6 +26,7 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -62,10 +65,11 @@ def timed(node: Node, command: str, timeout: float) -> float:
     return time.perf_counter() - start
 
 
-def bench(runs: int, repo: Path):
+def bench(runs: int, repo: Path, sif_cache: str):
     """One record per run: the phases' wall times in seconds, and the load when the run began."""
     testbed.REPO = repo  # Node.run binds testbed.REPO at /work on the node
-    out = "bench-" + hashlib.sha256(str(repo).encode()).hexdigest()[:8]  # one output directory per checkout
+    out = "bench-" + hashlib.sha256(f"{repo} {sif_cache}".encode()).hexdigest()[:8]  # one per checkout
+    run_sh = f"cd ~ && C2S_SIF_CACHE={shlex.quote(sif_cache)} {out}/run.sh" if sif_cache else f"cd ~ && {out}/run.sh"
     forwarder_ready(repo)
     info = provision()
     records = []
@@ -74,17 +78,17 @@ def bench(runs: int, repo: Path):
         node.kill_all()
         node.copy_stack("bench-stack")
         node.c2s(f"-f bench-stack/compose.yaml convert --registry-mirror {node.registry} -o {out}", check=True)
-        first_build = timed(node, f"cd ~ && {out}/run.sh build", 1500)
+        first_build = timed(node, f"{run_sh} build", 1500)
         for _ in range(runs):
             load = Path("/proc/loadavg").read_text().split()[0]
-            up = timed(node, f"cd ~ && {out}/run.sh up -d", 900)
+            up = timed(node, f"{run_sh} up -d", 900)
             starts = {}
             for service in SERVICES:
                 events = timeline(node, out, service)
                 end = events.get("healthy") or events.get("completed") or events.get("started")
                 starts[service] = end - events["starting"]
-            build = timed(node, f"cd ~ && {out}/run.sh build", 600)
-            down = timed(node, f"cd ~ && {out}/run.sh down -v", 300)
+            build = timed(node, f"{run_sh} build", 600)
+            down = timed(node, f"{run_sh} down -v", 300)
             records.append({"repo": str(repo), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                             "load": float(load), "build_before": first_build, "up": up,
                             "start_sum": sum(starts.values()), "starts": starts, "noop_build": build,
@@ -139,6 +143,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="?", type=int, default=3)
     parser.add_argument("--repo", type=Path, default=testbed.REPO, help="the compose2sif checkout to drive")
+    parser.add_argument("--sif-cache", default="", help="C2S_SIF_CACHE for run.sh (a path on the node): "
+                        "versions that key SIFs alike but build them differently must not share a cache")
     parser.add_argument("--record", type=Path, help="append each run's figures to this file (JSON lines)")
     parser.add_argument("--compare", type=Path, help="print medians per checkout from a --record file")
     parser.add_argument("--old", default="", help="with --compare: the checkout taken as the baseline")
@@ -146,7 +152,7 @@ def main():
     if args.compare:
         compare(args.compare, args.old and str(args.old))
         return
-    records = bench(args.runs, args.repo.resolve())
+    records = bench(args.runs, args.repo.resolve(), args.sif_cache)
     if args.record:
         with open(args.record, "a") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in records)
