@@ -1,7 +1,7 @@
 """Issue 23 on the test bed: a stack whose services all bind 0.0.0.0 on one port, with no hint
 (tests/e2e/intercept-stack: three copies of one Python server answering its own name, an nginx
-listening on 80 and [::]:80, and Debian's etcd, a Go server, where this machine's apt cache has its
-package), runs under the per-service loopback (bin/c2s-loopback): each answers by its name on its
+listening on 80 and [::]:80, and Debian's etcd, a Go server, downloaded from
+Debian's archive), runs under the per-service loopback (bin/c2s-loopback): each answers by its name on its
 own address, from the node and from another service. With C2S_PORT_ISOLATION=plan the same stack
 gets today's plan-time knobs only: the copies clash on 0.0.0.0:8000. Real Apptainer, real images,
 as the unprivileged user hpc (rootless), and on the setuid node where the test bed has one."""
@@ -18,16 +18,29 @@ pytestmark = pytest.mark.e2e
 
 OUT = "out-icpt"
 COPIES = ("a", "b", "c")
-ETCD_DEB = sorted(glob.glob("/var/cache/apt/archives/etcd-server_*_amd64.deb"))  # a Go server from Debian
 
 
-def add_go_server(node, stack: Path) -> bool:
+def etcd_deb(node) -> str:
+    """Debian's etcd-server package (a Go server), downloaded from Debian's archive once and kept
+    beside the test bed's cache."""
+    cache = node.root.parent / "debs"
+    cache.mkdir(exist_ok=True)
+    found = sorted(glob.glob(str(cache / "etcd-server_*_amd64.deb")))
+    if not found:
+        download = ["apt-get", "download", "-q", "etcd-server"]
+        if subprocess.run(download, cwd=cache, capture_output=True, timeout=600).returncode != 0:
+            subprocess.run(["apt-get", "update", "-qq"], check=True, capture_output=True, timeout=600)  # a fresh machine
+            subprocess.run(download, cwd=cache, check=True, capture_output=True, timeout=600)
+        found = sorted(glob.glob(str(cache / "etcd-server_*_amd64.deb")))
+    assert found, f"apt-get download etcd-server left no package in {cache}"
+    return found[-1]
+
+
+def add_go_server(node, stack: Path) -> None:
     """Debian's etcd binary into the stack (bound into the Python image), and a service for it in
     an override file: a Go program makes its binds from its own threads as raw system calls."""
-    if not ETCD_DEB:
-        return False
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(["dpkg-deb", "-x", ETCD_DEB[-1], tmp], check=True)
+        subprocess.run(["dpkg-deb", "-x", etcd_deb(node), tmp], check=True)
         (stack / "go").mkdir()
         (stack / "go" / "etcd").write_bytes((Path(tmp) / "usr/bin/etcd").read_bytes())
     (stack / "go" / "etcd").chmod(0o755)
@@ -35,11 +48,10 @@ def add_go_server(node, stack: Path) -> bool:
         "services:\n  go:\n    image: c2s/python:test\n    volumes: ['./go:/go:ro']\n"
         "    command: ['/go/etcd', '--name', 'go', '--data-dir', '/tmp/etcd']\n")
     subprocess.run(["chown", "-R", f"{node.uid}:{node.uid}", str(stack)], check=True)
-    return True
 
 
-def up(node, isolation: str, go: bool):
-    files = "-f intercept-stack/compose.yaml" + (" -f intercept-stack/compose.go.yaml" if go else "")
+def up(node, isolation: str):
+    files = "-f intercept-stack/compose.yaml -f intercept-stack/compose.go.yaml"
     return node.run(f"cd ~ && C2S_PORT_ISOLATION={isolation} python3 -m compose2sif {files} up -d "
                     f"--registry-mirror {node.registry} -o {OUT}", timeout=1500)
 
@@ -65,15 +77,15 @@ def bed(request, node):
     if request.param == "setuid":
         node = request.getfixturevalue("setuid_node")
     stack = node.copy_stack("intercept-stack", source="intercept-stack")
-    go = add_go_server(node, stack)
+    add_go_server(node, stack)
     node.run(f"cd ~ && rm -rf {OUT}")
-    yield node, go
+    yield node
     node.run(f"cd ~ && {OUT}/run.sh down -v", timeout=300)
 
 
 def test_every_service_keeps_its_port_and_answers_by_name(bed):
-    node, go = bed
-    proc = up(node, "intercept", go)
+    node = bed
+    proc = up(node, "intercept")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     own = own_addresses(node)
     ps = node.run(f"cd ~ && {OUT}/run.sh ps", timeout=120).stdout
@@ -92,10 +104,9 @@ def test_every_service_keeps_its_port_and_answers_by_name(bed):
     wildcards = [f[1] for f in (line.split() for line in table.splitlines()) if len(f) > 3 and f[3] == "0A"
                  and f[1].endswith(":1F40") and set(f[1][:-5]) == {"0"}]
     assert not wildcards, "something listens on every address, port 8000"
-    if go:
-        members = node.run(f"curl -fsS --max-time 10 -X POST -d '{{}}' http://{own['go']}:2379/v3/cluster/member/list",
-                           timeout=60)
-        assert members.returncode == 0 and '"name":"go"' in members.stdout, members.stdout + members.stderr
+    members = node.run(f"curl -fsS --max-time 10 -X POST -d '{{}}' http://{own['go']}:2379/v3/cluster/member/list",
+                       timeout=60)
+    assert members.returncode == 0 and '"name":"go"' in members.stdout, members.stdout + members.stderr
     doctor = node.c2s(f"doctor -o {OUT}", timeout=300).stdout
     assert "ok   port isolation: per-service loopback (ptrace+seccomp" in doctor, doctor
 
@@ -104,9 +115,9 @@ def test_plan_mode_is_todays_behaviour(bed):
     """C2S_PORT_ISOLATION=plan: the node's one loopback. nginx cannot bind 80 (up fails, saying
     so); the copies all bind 0.0.0.0:8000 (Python's server sets SO_REUSEPORT where it has it, then
     the kernel deals connections among them; else the later ones fail): one port, not three."""
-    node, go = bed
+    node = bed
     node.run(f"cd ~ && {OUT}/run.sh down", timeout=300)
-    proc = up(node, "plan", go)
+    proc = up(node, "plan")
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "bind() to 0.0.0.0:80 failed (13: Permission denied)" in proc.stderr, proc.stderr
     assert "listens on all interfaces (0.0.0.0:8000)" in proc.stderr, proc.stderr
