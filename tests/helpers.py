@@ -239,3 +239,22 @@ def _forked_main(argv, cwd, env, out_fd, err_fd, timeout) -> None:
         sys.stderr.flush()
     finally:
         os._exit(code)
+
+
+def run_lib(tmp_path, script: str, **env) -> subprocess.CompletedProcess:
+    """A converted project's header (tmp_path/out/header.sh) and run/lib/*.sh sourced, then SCRIPT,
+    with no runtime (RT=/bin/false) and a bare environment plus ENV."""
+    text = (f'source {tmp_path}/out/header.sh && for f in {REPO}/run/lib/*.sh; do source "$f"; done && '
+            'RT=/bin/false && ' + script)
+    return subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env})
+
+
+def kill_groups(started) -> None:
+    """SIGKILL the process group of each Popen in STARTED (a test's servers) and reap it."""
+    for proc in started:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()

@@ -10,7 +10,6 @@ runs the command it is given outside any container)."""
 import os
 import platform
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import kill_groups, run_lib
+
 from compose2sif import loopback
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,9 +28,13 @@ RUN = REPO / "run"
 ENGINE_MARKER = "# ---- the engine (the same for every project"
 BLOCK = "127.78.8"
 
-pytestmark = pytest.mark.skipif(
-    sys.platform != "linux" or platform.machine() != "x86_64" or not shutil.which("cc"),
-    reason="c2s-loopback is x86_64 Linux only and is built here with cc")
+pytestmark = [
+    pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64" or not shutil.which("cc"),
+                       reason="c2s-loopback is x86_64 Linux only and is built here with cc"),
+    # its stand-in server holds port 8000 on its own address, which test_published_ports's
+    # 0.0.0.0:8000 would clash with: the two modules run on one worker, one after the other
+    pytest.mark.xdist_group("published-ports"),
+]
 
 
 def free_port():
@@ -73,21 +78,10 @@ def project(converted, tmp_path):
         (tmp_path / "out" / sub).mkdir(parents=True)
     started = []
     yield tmp_path, published, started
-    bash(tmp_path, "stop_forwarders web")
-    for proc in started:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+    run_lib(tmp_path, "stop_forwarders web")
+    kill_groups(started)
 
 
-def bash(tmp_path, script, **env):
-    """The project's header and run/lib/*.sh, then SCRIPT."""
-    text = (f'source {tmp_path}/out/header.sh && for f in {RUN}/lib/*.sh; do source "$f"; done && '
-            'RT=/bin/false && ' + script)
-    return subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env})
 
 
 def test_convert_puts_the_tracer_beside_run_sh(converted):
@@ -135,36 +129,36 @@ def test_up_chooses_the_loopback_where_the_check_passes_and_says_why_not_elsewhe
     (tmp_path / "out" / "sif").mkdir(exist_ok=True)
     (tmp_path / "out" / "sif" / "busybox.sif").write_text("a stand-in SIF: the stand-in runtime never reads it")
     choose = f'RT={runtime} && choose_isolation && echo "$ISOLATION|$ISOLATION_WHY" && cat "$RUNDIR/isolation"'
-    auto = bash(tmp_path, choose, C2S_PORT_ISOLATION="auto")
+    auto = run_lib(tmp_path, choose, C2S_PORT_ISOLATION="auto")
     assert auto.returncode == 0, auto.stderr
     assert auto.stdout.startswith("intercept|ptrace+seccomp, kernel ")
     assert " auto intercept\n" in auto.stdout
     # kept: a second `up` does not ask again (the runtime is gone)
-    again = bash(tmp_path, 'RT=/nonexistent && choose_isolation && echo "$ISOLATION"', C2S_PORT_ISOLATION="auto")
+    again = run_lib(tmp_path, 'RT=/nonexistent && choose_isolation && echo "$ISOLATION"', C2S_PORT_ISOLATION="auto")
     assert again.stdout == "intercept\n"
-    assert bash(tmp_path, 'isolation_mode && echo "$ISOLATION"').stdout == "intercept\n"
+    assert run_lib(tmp_path, 'isolation_mode && echo "$ISOLATION"').stdout == "intercept\n"
     # asked otherwise, the node is asked again: a check that fails is not the last one's success
-    failing = bash(tmp_path, "RT=/bin/false && choose_isolation", C2S_PORT_ISOLATION="intercept")
+    failing = run_lib(tmp_path, "RT=/bin/false && choose_isolation", C2S_PORT_ISOLATION="intercept")
     assert failing.returncode == 1
     assert failing.stderr == ("run.sh: up: C2S_PORT_ISOLATION=intercept, but c2s-loopback --check: it failed with "
                               "exit code 1\n")
-    plan = bash(tmp_path, 'choose_isolation && echo "$ISOLATION|$ISOLATION_WHY"', C2S_PORT_ISOLATION="plan")
+    plan = run_lib(tmp_path, 'choose_isolation && echo "$ISOLATION|$ISOLATION_WHY"', C2S_PORT_ISOLATION="plan")
     assert plan.stdout == "plan|C2S_PORT_ISOLATION=plan\n" and plan.stderr == ""
     # where the tracer cannot run: one line, and the knobs
     (tmp_path / "out" / "bin" / "c2s-loopback").unlink()
-    gone = bash(tmp_path, 'choose_isolation && echo "$ISOLATION"', C2S_PORT_ISOLATION="auto")
+    gone = run_lib(tmp_path, 'choose_isolation && echo "$ISOLATION"', C2S_PORT_ISOLATION="auto")
     assert gone.stdout == "plan\n"
     assert gone.stderr.count("\n") == 1 and "port isolation: plan-time knobs only (no bin/c2s-loopback" in gone.stderr
-    forced = bash(tmp_path, "choose_isolation", C2S_PORT_ISOLATION="intercept")
+    forced = run_lib(tmp_path, "choose_isolation", C2S_PORT_ISOLATION="intercept")
     assert forced.returncode == 1 and forced.stderr.startswith("run.sh: up: C2S_PORT_ISOLATION=intercept, but no bin/")
-    bad = bash(tmp_path, "choose_isolation", C2S_PORT_ISOLATION="docker")
+    bad = run_lib(tmp_path, "choose_isolation", C2S_PORT_ISOLATION="docker")
     assert bad.returncode == 1 and bad.stderr == "run.sh: C2S_PORT_ISOLATION=docker: give auto, intercept or plan\n"
 
 
 def test_a_port_published_on_its_own_number_is_kept_where_the_service_binds_it(project):
     tmp_path, published, _ = project
     intercept(tmp_path)
-    proc = bash(tmp_path, 'load_service z && echo "${S_ENDPOINTS[*]}" && traced true && echo "${TRACED[*]}"')
+    proc = run_lib(tmp_path, 'load_service z && echo "${S_ENDPOINTS[*]}" && traced true && echo "${TRACED[*]}"')
     assert proc.returncode == 0, proc.stderr
     endpoint, words = proc.stdout.splitlines()
     assert endpoint == f"0.0.0.0:{published + 1}?"  # on every address, as Docker publishes it
@@ -177,11 +171,11 @@ def intercept(tmp_path):
 
 def test_the_entry_probe_and_exec_run_under_the_tracer_with_words_quoted(project):
     tmp_path, _, _ = project
-    plain = bash(tmp_path, 'load_service a && START_FLAGS=() && if loopback_start_flags; then echo traced; fi; '
+    plain = run_lib(tmp_path, 'load_service a && START_FLAGS=() && if loopback_start_flags; then echo traced; fi; '
                            'traced id -u && printf "<%s>" "${TRACED[@]}"')
     assert plain.stdout == "<id><-u>"
     intercept(tmp_path)
-    proc = bash(tmp_path, 'load_service a && START_FLAGS=() && loopback_start_flags && printf "<%s>" "${START_FLAGS[@]}"'
+    proc = run_lib(tmp_path, 'load_service a && START_FLAGS=() && loopback_start_flags && printf "<%s>" "${START_FLAGS[@]}"'
                           ' && echo && traced id -u && printf "<%s>" "${TRACED[@]}"')
     assert proc.returncode == 0, proc.stderr
     flags, words = proc.stdout.splitlines()
@@ -217,7 +211,7 @@ def test_ports_are_published_from_where_the_tracer_put_them(project):
               'echo "${S_ENDPOINTS[*]}|${S_FORWARDS[*]}" && until [ -s "$RUNDIR/loopback/web" ]; do nap 0.1; done && '
               'until isolated_endpoint 0.0.0.0:80; do nap 0.1; done && echo "$ISOLATED" && '
               'start_forwarders && relocation_lines web')
-    result = bash(tmp_path, script)
+    result = run_lib(tmp_path, script)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     endpoints, forwards = lines[0].split("|")

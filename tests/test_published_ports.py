@@ -8,7 +8,6 @@ services; the "instance init" whose process tree is read is a stand-in bash proc
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -16,6 +15,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from helpers import kill_groups, run_lib
 
 # the stand-in servers listen on fixed ports (8000 and 7000, on 0.0.0.0 among others): under xdist
 # these tests run on one worker, one after another, never beside each other
@@ -147,21 +148,9 @@ def project(converted, tmp_path):
     (tmp_path / "out" / "state" / "logs").mkdir(parents=True)
     started = []
     yield tmp_path, started
-    for proc in started:
-        with_group = proc.pid
-        try:
-            os.killpg(with_group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+    kill_groups(started)
 
 
-def bash(tmp_path, script, **env):
-    """The project's header and run/lib/*.sh, then SCRIPT (with `$1`... from nothing)."""
-    text = (f'source {tmp_path}/out/header.sh && for f in {RUN}/lib/*.sh; do source "$f"; done && '
-            'RT=/bin/false && ' + script)
-    return subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env})
 
 
 def standin_server(started, address, port, name):
@@ -194,7 +183,7 @@ def listens(port):
 def test_a_forwarder_answers_on_the_published_port_and_goes_with_stop(project, ports):
     tmp_path, started = project
     standin_server(started, own("web"), 8000, "c2s-standin-web")
-    proc = bash(tmp_path, 'load_service web && start_forwarders && cat "$RUNDIR/web.forward"')
+    proc = run_lib(tmp_path, 'load_service web && start_forwarders && cat "$RUNDIR/web.forward"')
     assert proc.returncode == 0, proc.stdout + proc.stderr
     pid = int(proc.stdout.split()[0])
     assert proc.stdout.split()[2:] == [f"0.0.0.0:{ports[0]}", f"{own('web')}:8000"]
@@ -203,9 +192,9 @@ def test_a_forwarder_answers_on_the_published_port_and_goes_with_stop(project, p
     assert get(f"http://127.0.0.1:{ports[0]}/") == 200
     assert get(f"http://localhost:{ports[0]}/") == 200
     # a second start finds it running
-    again = bash(tmp_path, 'load_service web && start_forwarders && cat "$RUNDIR/web.forward"')
+    again = run_lib(tmp_path, 'load_service web && start_forwarders && cat "$RUNDIR/web.forward"')
     assert again.stdout == proc.stdout
-    stop = bash(tmp_path, 'stop_forwarders web && wait_ended "${FORWARDERS_ENDED[@]}" && ls "$RUNDIR"')
+    stop = run_lib(tmp_path, 'stop_forwarders web && wait_ended "${FORWARDERS_ENDED[@]}" && ls "$RUNDIR"')
     assert stop.returncode == 0 and "web.forward" not in stop.stdout, stop.stderr
     assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
     assert not listens(ports[0])
@@ -214,7 +203,7 @@ def test_a_forwarder_answers_on_the_published_port_and_goes_with_stop(project, p
 def test_a_published_port_held_by_another_process_is_named(project, ports):
     tmp_path, started = project
     holder = standin_server(started, "127.0.0.1", ports[3], "c2s-standin-holder")
-    proc = bash(tmp_path, "load_service local && start_forwarders")
+    proc = run_lib(tmp_path, "load_service local && start_forwarders")
     assert proc.returncode != 0
     assert (f"its published port 127.0.0.1:{ports[3]} (forwarded to {own('local')}:7000) is held by another "
             f"process on this node (pid ") in proc.stdout, proc.stdout
@@ -226,7 +215,7 @@ def test_a_published_port_held_by_another_process_is_named(project, ports):
 def test_a_service_on_all_interfaces_is_told_in_one_line_and_shown_by_ps(project, ports):
     tmp_path, started = project
     init = standin_server(started, "0.0.0.0", 8000, "c2s-standin-web")  # told its address, listens on all
-    proc = bash(tmp_path, 'load_service web && IPID=$1 && record_truth && tell_truth run.sh: web'
+    proc = run_lib(tmp_path, 'load_service web && IPID=$1 && record_truth && tell_truth run.sh: web'
                 .replace("$1", str(init)))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -235,7 +224,7 @@ def test_a_service_on_all_interfaces_is_told_in_one_line_and_shown_by_ps(project
         "reaches this node reaches it, and it holds port 8000 on every address (tell it its address: "
         "x-compose2sif: {bind_address: {env: VAR}})"], lines
     # ps: the forwarder's published port beside the service's, the line as its warning
-    ps = bash(tmp_path, f"source {RUN}/cmd/ps.sh && load_service web && ps_row 0 running none && "
+    ps = run_lib(tmp_path, f"source {RUN}/cmd/ps.sh && load_service web && ps_row 0 running none && "
                         'printf "%s\\n" "${PS_ROWS[@]}"; PS_JSON=1 && ps_row 0 running none && echo "${PS_ROWS[0]}"')
     table, row = ps.stdout.splitlines()[:6], json.loads(ps.stdout.splitlines()[6])
     assert table[4] == f"0.0.0.0:{ports[0]}->{own('web')}:8000"
@@ -246,7 +235,7 @@ def test_a_service_on_all_interfaces_is_told_in_one_line_and_shown_by_ps(project
 def test_a_planned_port_that_never_opened_names_where_it_listens_and_who_holds_it(project, ports):
     tmp_path, started = project
     init = standin_server(started, "127.0.0.1", 8000, "c2s-standin-web")  # not on its own address
-    proc = bash(tmp_path, f"load_service web && IPID={init} && record_truth && cat \"$RUNDIR/web.truth\"")
+    proc = run_lib(tmp_path, f"load_service web && IPID={init} && record_truth && cat \"$RUNDIR/web.truth\"")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == (f"does not listen on its planned {own('web')}:8000 (it listens on: 127.0.0.1:8000); "
                                    f"its published port 0.0.0.0:{ports[0]} forwards there"), proc.stdout
@@ -256,14 +245,14 @@ def test_a_listener_on_another_services_endpoint_names_that_service(project, por
     tmp_path, started = project
     # `bare` listens on all addresses on port 7000, where `local` is planned: local cannot open it
     init = standin_server(started, "0.0.0.0", 7000, "c2s-standin-bare")
-    proc = bash(tmp_path, f"load_service bare && IPID={init} && record_truth && cat \"$RUNDIR/bare.truth\"")
+    proc = run_lib(tmp_path, f"load_service bare && IPID={init} && record_truth && cat \"$RUNDIR/bare.truth\"")
     assert (f"listens on 0.0.0.0:7000, where service local is planned ({own('local')}:7000): local cannot open it"
             in proc.stdout.splitlines()), proc.stdout
     # and the holder of local's endpoint is named as a service of this project, through its instance's init
     (tmp_path / "listing.json").write_text(json.dumps({"instances": [{"instance": "x", "pid": init}]}))
     inode = next(l.split()[9] for l in open("/proc/net/tcp").read().splitlines()[1:]
                  if l.split()[1] == "00000000:1B58" and l.split()[3] == "0A")
-    who = bash(tmp_path, f'listed_instances() {{ echo "$(load_service bare; echo "$S_INSTANCE") {init}"; }}; '
+    who = run_lib(tmp_path, f'listed_instances() {{ echo "$(load_service bare; echo "$S_INSTANCE") {init}"; }}; '
                          f'load_service local && describe_holder {os.getuid()} {inode} && echo "$HOLDER"')
     assert who.stdout.startswith("service bare of this project (pid "), who.stdout + who.stderr
 
