@@ -223,6 +223,7 @@ def _service_function(s: ServicePlan, fn: str, own_address: str) -> List[str]:
         f"    S_WORKDIR={_q(s.workdir or '')}",
         f"    S_TMP={_q(_tmp_source(s))}",
         f"    S_ONESHOT={1 if s.oneshot else 0}",
+        f"    S_HOST_NETWORK={1 if s.host_network else 0}",  # the tracer leaves it alone: it asked for the node's network
         f"    S_RESTART={_q(s.restart)}",
         f"    S_NV={1 if s.nv else 0}",
         f"    S_GPUS={_array(gpus)}",

@@ -59,6 +59,9 @@ services:
   z:
     image: busybox
     ports: ["{published + 1}:{published + 1}"]
+  zz:
+    image: busybox
+    network_mode: host
 """)
     proc = subprocess.run(["python3", "-m", "compose2sif", "-f", str(root / "compose.yaml"), "convert", "--offline",
                            "--address-block", f"{BLOCK}.0/24", "--port-base", "24000", "-o", str(root / "out")],
@@ -189,6 +192,16 @@ def test_the_entry_probe_and_exec_run_under_the_tracer_with_words_quoted(project
                                         "'/.c2s/entry' \"$@\"")
     entry = (run / "busybox.entry").read_text()
     assert 'eval "$C2S_LAUNCH"' in entry and "exec /.singularity.d/runscript" in entry
+
+
+def test_a_host_network_service_runs_as_it_asked_untraced(project):
+    """network_mode: host asks for the node's network as it is: no tracer, in intercept mode too."""
+    tmp_path, _, _ = project
+    intercept(tmp_path)
+    proc = run_lib(tmp_path, 'load_service zz && START_FLAGS=() && if loopback_start_flags; then echo traced; fi; '
+                             'traced id -u && printf "<%s>" "${TRACED[@]}"')
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "<id><-u>"
 
 
 def test_ports_are_published_from_where_the_tracer_put_them(project):

@@ -334,7 +334,8 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
             ulimits={k: [soft, hard] for k, (soft, hard) in service.ulimits.items()},
             writable_tmpfs=bool(knobs.hints(service).get("writable_tmpfs")),
             adapter=adapter.family if adapter else None, warnings=result.warnings,
-            fakeroot=_fakeroot(service, adapter), probe_environment=probe_environment))
+            fakeroot=_fakeroot(service, adapter), probe_environment=probe_environment,
+            host_network=service.network_mode == "host"))
         warnings.extend(result.warnings)
     if found.presets:
         warnings.append("preset " + ", ".join(sorted(found.presets)) + ": its adapters shape "

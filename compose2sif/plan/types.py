@@ -62,6 +62,7 @@ class ServicePlan:
     warnings: List[str] = field(default_factory=list)
     probe_environment: Dict[str, str] = field(default_factory=dict)  # added for the healthcheck (a password)
     pre_start: List[PreStartPlan] = field(default_factory=list)      # run in order before its first start
+    host_network: bool = False        # network_mode: host: the node's network as it is (never relocated)
 
 
 @dataclass

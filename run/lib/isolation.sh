@@ -16,6 +16,10 @@ ISOLATION="" ISOLATION_WHY=""
 # Each service's relocations, one "KIND PROTO FROM TO" line each, written by its tracers.
 records_dir() { printf '%s' "$RUNDIR/loopback"; }
 
+# Whether the loaded service runs under the tracer: in intercept mode, unless it asked for the
+# node's network as it is (network_mode: host), which is what it gets.
+traced_service() { [ "$ISOLATION" = intercept ] && [ "$S_HOST_NETWORK" != 1 ]; }
+
 # ISOLATION and ISOLATION_WHY as the last `up` on this node decided (plan when none did).
 isolation_mode() {
     local host="" requested="" mode=""
@@ -89,9 +93,10 @@ tracer_words() {
 # In intercept mode, the flags that start the loaded service's entry under the tracer (added to
 # START_FLAGS): the tracer and the records bound in, and a start script of ours over the image's
 # that runs the image's own (its definition's %startscript) under c2s-loopback. Returns 1 in plan
-# mode, and for a definition without a start script of ours (the image's start script as it is).
+# mode, for a host-network service, and for a definition without a start script of ours (the
+# image's start script as it is).
 loopback_start_flags() {
-    [ "$ISOLATION" = intercept ] || return 1
+    traced_service || return 1
     local key=${S_SIF##*/} line in=0 entry wrapper word
     key=${key%.sif}
     entry="$RUNDIR/$key.entry" wrapper="$RUNDIR/$S_NAME.traced"
@@ -115,7 +120,7 @@ loopback_start_flags() {
 # Before the loaded service's entry starts: its record emptied (the relocations of its last run
 # are not this one's).
 clear_record() {
-    [ "$ISOLATION" = intercept ] && : >"$(records_dir)/$S_NAME"
+    traced_service && : >"$(records_dir)/$S_NAME"
     return 0
 }
 
@@ -123,7 +128,7 @@ clear_record() {
 # exec: its own relocations go to the service's record, and it finds where the entry's went).
 TRACED=()
 traced() {
-    if [ "$ISOLATION" = intercept ]; then
+    if traced_service; then
         tracer_words
         TRACED=("${TRACER_WORDS[@]}" -- "$@")
     else
@@ -167,7 +172,7 @@ isolated_endpoint() {
 # waited for (the forwarders wait for theirs: wait_relocated).
 isolated_endpoints() {
     [ -n "$ISOLATION" ] || isolation_mode
-    [ "$ISOLATION" = intercept ] || return 0
+    traced_service || return 0
     local i e optional
     for i in "${!S_ENDPOINTS[@]}"; do
         e=${S_ENDPOINTS[i]} optional=""
@@ -184,7 +189,7 @@ isolated_endpoints() {
 # Wait until the loaded service's record says where each privileged port its forwarders relay to
 # went, for up to $1 s (its forwarders start with the right target). Prints why not.
 wait_relocated() {
-    [ "$ISOLATION" = intercept ] || return 0
+    traced_service || return 0
     local deadline=$((SECONDS + $1)) i port missing
     while :; do
         missing=""

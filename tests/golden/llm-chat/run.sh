@@ -41,6 +41,7 @@ svc_0_db() {
     S_WORKDIR=/
     S_TMP=state/services/db/scratch/tmp
     S_ONESHOT=0
+    S_HOST_NETWORK=0
     S_RESTART=no
     S_NV=0
     S_GPUS=()
@@ -73,6 +74,7 @@ svc_1_llm() {
     S_WORKDIR=''
     S_TMP=state/services/llm/tmpfs/tmp
     S_ONESHOT=0
+    S_HOST_NETWORK=0
     S_RESTART=no
     S_NV=1
     S_GPUS=(count=4)
@@ -105,6 +107,7 @@ svc_2_redis() {
     S_WORKDIR=/data
     S_TMP=state/services/redis/scratch/tmp
     S_ONESHOT=0
+    S_HOST_NETWORK=0
     S_RESTART=no
     S_NV=0
     S_GPUS=()
@@ -137,6 +140,7 @@ svc_3_api() {
     S_WORKDIR=/app
     S_TMP=state/services/api/scratch/tmp
     S_ONESHOT=0
+    S_HOST_NETWORK=0
     S_RESTART=no
     S_NV=0
     S_GPUS=()
@@ -168,6 +172,7 @@ svc_4_web() {
     S_WORKDIR=/app
     S_TMP=state/services/web/scratch/tmp
     S_ONESHOT=0
+    S_HOST_NETWORK=0
     S_RESTART=no
     S_NV=0
     S_GPUS=()
@@ -200,6 +205,7 @@ svc_5_proxy() {
     S_WORKDIR=/
     S_TMP=state/services/proxy/scratch/tmp
     S_ONESHOT=0
+    S_HOST_NETWORK=0
     S_RESTART=unless-stopped
     S_NV=0
     S_GPUS=()
