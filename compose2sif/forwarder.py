@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 from typing import List, Optional
+
+from compose2sif import static_binary
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "intercept")
 SOURCE = os.path.join(HERE, "forward.c")
@@ -39,22 +40,12 @@ def build(output: str) -> bool:
 
 def fresh() -> bool:
     """Whether a forwarder built beforehand is there, and built from the source as it is now."""
-    return os.path.isfile(PREBUILT) and os.path.getmtime(PREBUILT) >= os.path.getmtime(SOURCE)
+    return static_binary.fresh(PREBUILT, SOURCE)
 
 
-_compiled: List[bytes] = []  # built once per process
+_compiled: List[Optional[bytes]] = []  # built (or found unbuildable) once per process
 
 
 def binary() -> Optional[bytes]:
     """The forwarder's bytes, or None where it is neither built nor buildable here."""
-    if fresh():
-        with open(PREBUILT, "rb") as fh:
-            return fh.read()
-    if not _compiled:
-        with tempfile.TemporaryDirectory(prefix="c2s-forward-") as tmp:
-            output = os.path.join(tmp, "c2s-forward")
-            if not build(output):
-                return None
-            with open(output, "rb") as fh:
-                _compiled.append(fh.read())
-    return _compiled[0]
+    return static_binary.binary(PREBUILT, SOURCE, build, _compiled)

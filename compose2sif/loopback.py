@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 from typing import List, Optional
+
+from compose2sif import static_binary
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "intercept")
 SOURCE = os.path.join(HERE, "loopback.c")
@@ -35,28 +36,14 @@ def build(output: str) -> bool:
     return done.returncode == 0 and os.path.isfile(output)
 
 
-def _read(path: str) -> Optional[bytes]:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except OSError:
-        return None
-
-
 def fresh() -> bool:
     """Whether a tracer built beforehand is there, and built from the source as it is now."""
-    return os.path.isfile(PREBUILT) and os.path.getmtime(PREBUILT) >= os.path.getmtime(SOURCE)
+    return static_binary.fresh(PREBUILT, SOURCE)
 
 
-_compiled: List[Optional[bytes]] = []  # built (or found) once per process
+_compiled: List[Optional[bytes]] = []  # built (or found unbuildable) once per process
 
 
 def binary() -> Optional[bytes]:
     """The tracer's bytes, or None where it is neither built nor buildable here."""
-    if fresh():
-        return _read(PREBUILT)
-    if not _compiled:
-        with tempfile.TemporaryDirectory(prefix="c2s-loopback-") as tmp:
-            output = os.path.join(tmp, "c2s-loopback")
-            _compiled.append(_read(output) if build(output) else None)
-    return _compiled[0]
+    return static_binary.binary(PREBUILT, SOURCE, build, _compiled)
