@@ -238,6 +238,9 @@ batch_step() {
         launched=$!
         wait_for_ray || { [ -s "$job_dir/failed" ] && say "$(head -n 1 "$job_dir/failed")"; end_job 1; }
     fi
+    # the service spanning nodes keeps the node's network as it is (run/lib/isolation.sh): the
+    # other nodes' Ray workers reach its binds at this node's address
+    [ -n "$ray_service" ] && export C2S_NODE_NETWORK="$ray_service"
     "$run_dir/run.sh" up ${services[@]+"${services[@]}"} </dev/null &
     runner=$!
     tunnel_line

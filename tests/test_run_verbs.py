@@ -154,7 +154,8 @@ def test_up_starts_an_instance_with_the_services_env_and_reports_one_that_ends_a
     sif, instance, env_file = service(project, "db", "S_SIF", "S_INSTANCE", "S_ENV")
     Path(sif).parent.mkdir(exist_ok=True)
     Path(sif).write_text("")  # (the stand-in runs nothing from it)
-    proc = run_verb(project, "up", "cmd_up", "-d", "db")
+    # plan mode: the image's start script as it is (the traced start's flags: test_intercept_run)
+    proc = run_verb(project, "up", "cmd_up", "-d", "db", C2S_PORT_ISOLATION="plan")
     assert proc.returncode == 1
     assert "run.sh: service db failed: exited right after start" in proc.stderr, proc.stderr
     [start] = [c for c in calls(project) if c[:2] == ["instance", "start"]]

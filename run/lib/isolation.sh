@@ -8,7 +8,7 @@
 # or with C2S_PORT_ISOLATION=plan, the addresses and ports convert told each service are all there
 # is: ISOLATION=plan. `up` decides (choose_isolation) and keeps the answer in RUNDIR/isolation,
 # "HOST REQUESTED MODE" then the reason; every other command reads it (isolation_mode).
-ISOLATION_DEFAULT=plan
+ISOLATION_DEFAULT=auto
 LOOPBACK="$HERE/bin/c2s-loopback"
 LOOPBACK_IN=/.c2s/loopback RECORDS_IN=/.c2s/records
 ISOLATION="" ISOLATION_WHY=""
@@ -17,8 +17,12 @@ ISOLATION="" ISOLATION_WHY=""
 records_dir() { printf '%s' "$RUNDIR/loopback"; }
 
 # Whether the loaded service runs under the tracer: in intercept mode, unless it asked for the
-# node's network as it is (network_mode: host), which is what it gets.
-traced_service() { [ "$ISOLATION" = intercept ] && [ "$S_HOST_NETWORK" != 1 ]; }
+# node's network as it is (network_mode: host), which is what it gets, or a batch job runs it
+# across nodes (C2S_NODE_NETWORK, names separated by spaces: other nodes reach it at this node's
+# address, where the tracer would move its binds off).
+traced_service() {
+    [ "$ISOLATION" = intercept ] && [ "$S_HOST_NETWORK" != 1 ] && [[ " ${C2S_NODE_NETWORK:-} " != *" $S_NAME "* ]]
+}
 
 # ISOLATION and ISOLATION_WHY as the last `up` on this node decided (plan when none did).
 isolation_mode() {

@@ -94,8 +94,9 @@ def test_a_published_port_answers_on_the_node_through_its_forwarder_until_down(b
 
 
 def test_a_service_on_all_interfaces_whatever_it_is_told_is_one_line_in_up_ps_and_doctor(bed):
+    """With the plan-time knobs only (C2S_PORT_ISOLATION=plan), where nothing can move its bind."""
     node = bed
-    up = node.run(f"cd ~ && {OUT}/run.sh up -d", timeout=300)
+    up = node.run(f"cd ~ && C2S_PORT_ISOLATION=plan {OUT}/run.sh up -d", timeout=300)
     assert up.returncode == 0, up.stdout + up.stderr
     line = (f"service stubborn: listens on all interfaces (0.0.0.0:{STUBBORN}), where nothing is published: anyone "
             f"who reaches this node reaches it, and it holds port {STUBBORN} on every address (tell it its address: "
@@ -109,3 +110,19 @@ def test_a_service_on_all_interfaces_whatever_it_is_told_is_one_line_in_up_ps_an
             in doctor.stdout), doctor.stdout
     assert f"ok   service web: published 0.0.0.0:{PUBLISHED} is served by its forwarder (pid" in doctor.stdout, \
         doctor.stdout
+
+
+def test_by_default_the_same_service_is_moved_to_its_own_address_and_nothing_is_said(bed):
+    """The default (auto) on the test bed, where c2s-loopback --check passes: the bind to 0.0.0.0
+    lands on the service's own address, so there is nothing to warn about; ps shows the move."""
+    node = bed
+    up = node.run(f"cd ~ && {OUT}/run.sh up -d", timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "listens on all interfaces" not in up.stderr, up.stderr
+    plan = json.loads((node.home / OUT / "plan.json").read_text())
+    own = {name: address for address, names in plan["hosts"] for name in names}
+    ps = node.run(f"cd ~ && {OUT}/run.sh ps", check=True).stdout
+    assert f"RELOCATED service stubborn: bind TCP 0.0.0.0:{STUBBORN} {own['stubborn']}:{STUBBORN}" in ps, ps
+    assert not [l for l in ps.splitlines() if l.startswith("WARN")], ps
+    table = node.run("cat /proc/net/tcp", check=True).stdout
+    assert f"00000000:{STUBBORN:04X} 00000000:0000 0A" not in table, "stubborn still listens on every address"
