@@ -224,6 +224,7 @@ def _service_function(s: ServicePlan, fn: str, own_address: str) -> List[str]:
         f"    S_TMP={_q(_tmp_source(s))}",
         f"    S_ONESHOT={1 if s.oneshot else 0}",
         f"    S_HOST_NETWORK={1 if s.host_network else 0}",  # the tracer leaves it alone: it asked for the node's network
+        f"    S_NEEDS_LOOPBACK={_q(s.needs_loopback)}",  # `up` refuses it with this line where it would run untraced
         f"    S_RESTART={_q(s.restart)}",
         f"    S_NV={1 if s.nv else 0}",
         f"    S_GPUS={_array(gpus)}",
@@ -239,8 +240,9 @@ def _service_function(s: ServicePlan, fn: str, own_address: str) -> List[str]:
         f"    S_EMPTY={_array(b.source for _, b in binds if b.kind in ('tmpfs', 'scratch'))}",
         f"    S_ENDPOINTS={_array(_endpoint(p) for p in s.ports)}",
         f"    S_FORWARDS={_array(i for p in s.ports if p.forward for i in (p.forward, _forward_target(p)))}",
-        # published on their own number: served by the service itself, so its tracer leaves their binds alone
-        f"    S_KEPT_PORTS={_array(sorted({p.host for p in s.ports if p.published and not p.forward}))}",
+        # published on their own number: served by the service itself, so its tracer leaves their binds
+        # alone (not a privileged one, which it could not bind: the tracer moves that onto the block)
+        f"    S_KEPT_PORTS={_array(sorted({p.host for p in s.ports if p.published and not p.forward and p.host >= 1024}))}",
         f"    S_HEALTH={_array(health['test'] if health else [])}",
         # three words a pre_start step: its image key, its env file, its fingerprint
         f"    S_PRE_START={_array(w for p in s.pre_start for w in (p.image, p.env_file, p.fingerprint))}",

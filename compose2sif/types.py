@@ -73,6 +73,7 @@ class NetworkPlan:
     address: Dict[str, str]                         # service -> the address it is told (or 0.0.0.0)
     endpoints: Dict[str, Dict[int, Endpoint]]       # service -> container port -> endpoint
     warnings: List[str] = field(default_factory=list)
+    needs_loopback: Dict[str, str] = field(default_factory=dict)  # service -> why `up` refuses it without the tracer
 
     def names_address(self, service: str) -> str:
         """Where the service's names point: its address, or its own one when it listens on all."""

@@ -154,7 +154,7 @@ def assert_valid_bash(script: Path) -> None:
         _shellcheck(alone, "--exclude=SC2034")
 
 
-def _texts(plan):
+def plan_texts(plan):
     """(service, text) of everything in the plan that may name another service's port."""
     for service in plan.services:
         for value in service.environment.values():
@@ -179,7 +179,7 @@ def check_plan(plan) -> None:
                     f"{a} {pa.address}:{pa.host} collides with {b} {pb.address}:{pb.host}"
     finder = References({s.name: s.names for s in plan.services})
     listening = {(s.name, p.host) for s in plan.services for p in s.ports}
-    for client, text in _texts(plan):
+    for client, text in plan_texts(plan):
         for server, port in finder.references(text):
             assert (server, port) in listening, f"{client} names {server}:{port}, where {server} does not listen"
 

@@ -13,7 +13,8 @@ import pytest
 from compose2sif.errors import ComposeError
 from compose2sif.load import ProjectOptions, load_project
 from compose2sif.plan import PlanOptions, build_plan, image_definitions
-from helpers import check_plan
+from compose2sif.plan.network import References, overlaps
+from helpers import check_plan, plan_texts
 
 REALWORLD = Path(__file__).resolve().parent.parent.parent / "shared" / "realworld"
 
@@ -116,3 +117,66 @@ def test_sentry_cron_image_is_built_from_the_image_web_builds(tmp_path):
             if line.startswith(("Bootstrap:", "From:"))]
     assert head == ["Bootstrap: localimage", "From: sif/sentry-self-hosted-local.sif"]
     assert "From: ghcr.io/getsentry/sentry:nightly" in images["sentry-self-hosted-local"].definition
+
+
+# ---- with a loopback per service (issue 23) -----------------------------------------------------
+
+# The projects the plan-time knobs alone cannot run as written (test_refusal_fixes' table: each is
+# refused until the user tells a program another port), and why a loopback of each service's own
+# (bin/c2s-loopback) runs them as they are: the ports are fixed where no knob reaches.
+WITH_LOOPBACK = {
+    "khoj": "search and sandbox on 8080, fixed in their images: each on its own address",
+    "onyx": "two model servers of one image on 9000: each copy on its own address",
+    "r2r": "hatchet-dashboard on 80, in a config built into its image: onto the project's block",
+    "ragflow": "the web front's 80 and 443, in an nginx config built into the ragflow image: onto the block",
+    "zulip": "25, 80 and 443, fixed inside the zulip image: onto the block",
+}
+
+
+# fastgpt: five Node servers on 3000 (Node's default), and fastgpt publishes 3000 on its own number,
+# which Docker serves on every address of the node: there, no other service can have 3000 on an
+# address of its own, so four must still be told another port (the refusal stays, with its fix).
+STILL_REFUSED = {"fastgpt"}
+
+
+def test_the_projects_the_knobs_cannot_fix_are_those_the_loopback_runs_but_one():
+    from test_refusal_fixes import TABLE
+    refused = {name for name, kinds in TABLE.items() if kinds != "clean"}
+    assert refused - STILL_REFUSED == set(WITH_LOOPBACK) and STILL_REFUSED <= refused
+
+
+@pytest.mark.parametrize("name", sorted(STILL_REFUSED))
+def test_a_port_published_on_its_own_number_that_others_use_too_is_refused_with_the_loopback_too(name, tmp_path):
+    with pytest.raises(ComposeError, match=r"both listen on port 3000 .*; fix: "):
+        build_plan(_load(name, tmp_path), PlanOptions(port_base=30000, address_block="127.45.3", busy=set(),
+                                                      uid=1000, loopback=True))
+
+
+@pytest.mark.parametrize("name", sorted(WITH_LOOPBACK))
+def test_a_project_the_knobs_cannot_fix_plans_clean_with_a_loopback_per_service(name, tmp_path):
+    """convert with bin/c2s-loopback in the output: no refusal; each service whose port cannot move
+    carries the one line `up` prints where it would run untraced (plan.json's needs_loopback, with
+    the fix for such nodes), and at run time, each service on its own address (a port published
+    on its own number as written), no two endpoints collide and every reference hits one."""
+    project = _load(name, tmp_path)
+    options = dict(port_base=30000, address_block="127.45.3", busy=set(), uid=1000)
+    with pytest.raises(ComposeError):
+        build_plan(project, PlanOptions(**options))
+    plan = build_plan(project, PlanOptions(**options, loopback=True))
+    refused = {s.name: s.needs_loopback for s in plan.services if s.needs_loopback}
+    assert refused, "nothing would be refused without the tracer"
+    for line in refused.values():
+        assert "\n" not in line and "; fix: " in line and ("both listen on port" in line or "cannot move it" in line)
+        assert any(w.startswith(line) and "with the plan-time knobs only, `up` refuses it" in w for w in plan.warnings)
+    own = {name: address for address, names in plan.hosts for name in names}
+    endpoints = [(s.name, p, p.address if p.published and not p.forward else own[s.name])
+                 for s in plan.services for p in s.ports]
+    for i, (a, pa, at_a) in enumerate(endpoints):
+        for b, pb, at_b in endpoints[i + 1:]:
+            if a != b:
+                assert not overlaps((at_a, pa.host), (at_b, pb.host)), f"{a} {at_a}:{pa.host} collides with {b}"
+    finder = References({s.name: s.names for s in plan.services})
+    listening = {(s.name, p.host) for s in plan.services for p in s.ports}
+    for client, text in plan_texts(plan):
+        for server, port in finder.references(text):
+            assert (server, port) in listening, f"{client} names {server}:{port}, where {server} does not listen"

@@ -46,6 +46,7 @@ class PlanOptions:
     image_configs: Dict[str, Any] = field(default_factory=dict)   # image ref -> registry.ImageConfig
     tls: bool = False                                             # HTTPS in front of each web front that can
     tls_files: Optional[Tuple[str, str]] = None                   # (cert, key); default: a self-signed pair
+    loopback: bool = False                                        # bin/c2s-loopback is in the output (plan_network)
 
 
 @dataclass
@@ -211,7 +212,7 @@ def place(project: Project, found: Discovery, options: PlanOptions) -> NetworkPl
     busy = node_listeners() if options.busy is None else set(options.busy)
     block = options.address_block or free_address_block(project.name, busy, options.uid)
     base = options.port_base if options.port_base is not None else default_port_base(project.name, options.uid)
-    return plan_network(list(found.nets.values()), block, base, busy)
+    return plan_network(list(found.nets.values()), block, base, busy, loopback=options.loopback)
 
 
 # ---- draft -------------------------------------------------------------------------------------
@@ -335,7 +336,7 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
             writable_tmpfs=bool(knobs.hints(service).get("writable_tmpfs")),
             adapter=adapter.family if adapter else None, warnings=result.warnings,
             fakeroot=_fakeroot(service, adapter), probe_environment=probe_environment,
-            host_network=service.network_mode == "host"))
+            host_network=service.network_mode == "host", needs_loopback=network.needs_loopback.get(name, "")))
         warnings.extend(result.warnings)
     if found.presets:
         warnings.append("preset " + ", ".join(sorted(found.presets)) + ": its adapters shape "

@@ -139,6 +139,13 @@ def forwarded(listen: Listen) -> bool:
     return bool(listen.published) and listen.published.isdigit() and int(listen.published) != listen.port
 
 
+def kept(listen: Listen) -> bool:
+    """Published on its own number (``8000:8000``): under the tracer the service binds it as written,
+    on every address of the node (Docker's publication), so no other service can have that port
+    on an address of its own. A privileged one is moved like any other (it cannot be bound)."""
+    return listen.published is not None and not forwarded(listen) and listen.port >= 1024
+
+
 def _port_variable(evidence: str) -> bool:
     """A `FOO_PORT` variable: projects hand every service one .env full of other servers' ports."""
     return evidence.startswith("variable ") and evidence != "variable PORT"
@@ -192,8 +199,11 @@ def _evidence(listen: Listen) -> str:
 
 
 def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
-                 busy: Iterable[Tuple[str, int]]) -> NetworkPlan:
-    """Decide every service's address and every endpoint. Deterministic for the same input."""
+                 busy: Iterable[Tuple[str, int]], loopback: bool = False) -> NetworkPlan:
+    """Decide every service's address and every endpoint. Deterministic for the same input.
+    ``loopback``: the output has bin/c2s-loopback, so a port that cannot move (a privileged one, two
+    alike) is refused at run time only, where the node cannot give each service a loopback of its
+    own (NetworkPlan.needs_loopback), instead of here."""
     busy = set(busy)
     if len(services) > 253:
         raise ComposeError(f"{len(services)} services do not fit the address block {address_block}.0/24")
@@ -215,6 +225,7 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
     # Where each port wants to be, before clashes: its own port, or the published one.
     wanted: List[Tuple[ServiceNet, Listen, str, int, str]] = []   # (service, listen, address, port, why it moved)
     refusals: List[Tuple[ServiceNet, int, str]] = []               # (service, port, why): refused all at once
+    deferred: List[Tuple[ServiceNet, int, str]] = []               # the same, where the tracer makes them work
     for s in sorted(services, key=lambda s: s.name):
         for port, listen in sorted(s.listens.items()):
             direct = listen.published is not None and not forwarded(listen)
@@ -226,8 +237,12 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
                            f"unprivileged user cannot bind, and compose2sif cannot move it")
                     if listen.weak:
                         warnings.append(f"{why}; {_hint_for(s, port)}")
-                    else:
+                        continue
+                    if not loopback:
                         refusals.append((s, port, why))
+                        continue
+                    deferred.append((s, port, why))
+                    wanted.append((s, listen, where, host, ""))  # a fixed endpoint: the tracer moves it onto the block
                     continue
                 host, why = -1, f"{host} is privileged"
             wanted.append((s, listen, where, host, why))
@@ -267,6 +282,8 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
                    + " and neither can be moved")
             if listen.weak or theirs.weak:
                 warnings.append(f"{why}; {_hint_for(s, listen.port)}")
+            elif loopback and not (kept(listen) or kept(theirs)):
+                deferred.append((s, listen.port, why))
             else:
                 refusals.append((s, listen.port, why))
         holder = next((b for b in busy if overlaps(b, (where, host))), None)
@@ -281,6 +298,14 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
         more = [f"{s.name!r} on port {port}" for s, port, _ in refusals[1:]]
         raise ComposeError(first + (f" (the same for {', '.join(more)})" if more else "") + "; "
                            + _fixes([(s, port) for s, port, _ in refusals]), path=f"services.{refusals[0][0].name}")
+    needs_loopback: Dict[str, str] = {}
+    for name in dict.fromkeys(s.name for s, _, _ in deferred):
+        mine = [(s, port, why) for s, port, why in deferred if s.name == name]
+        more = [f"port {port}" for _, port, _ in mine[1:]]
+        needs_loopback[name] = (mine[0][2] + (f" (the same for {', '.join(more)})" if more else "")
+                                + "; " + _fixes([(s, port) for s, port, _ in mine]))
+        warnings.append(f"{needs_loopback[name]}. It runs where each service gets a loopback of its own at run "
+                        f"time (bin/c2s-loopback); with the plan-time knobs only, `up` refuses it")
 
     # Forwarders of ports published on another number, before the internal ports that may move.
     forwards: Dict[Tuple[str, int], str] = {}
@@ -333,10 +358,11 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
                     warnings.append(f"service {s.name!r} is published on all interfaces: {endpoint.address}:"
                                     f"{endpoint.host} (published in the compose file)")
                 else:
+                    where = " where services cannot get a loopback of their own" if loopback else ""
                     warnings.append(f"service {s.name!r} listens on all interfaces ({endpoint.address}:{endpoint.host}):"
                                     f" compose2sif cannot tell it an address, so other users of the node can reach "
-                                    f"it (add `x-compose2sif: {{bind_address: {{env: VAR}}}}`)")
-    return NetworkPlan(address_block, port_base, own, address, endpoints, _dedupe(warnings))
+                                    f"it{where} (add `x-compose2sif: {{bind_address: {{env: VAR}}}}`)")
+    return NetworkPlan(address_block, port_base, own, address, endpoints, _dedupe(warnings), needs_loopback)
 
 
 def _dedupe(items: List[str]) -> List[str]:

@@ -63,6 +63,7 @@ class ServicePlan:
     probe_environment: Dict[str, str] = field(default_factory=dict)  # added for the healthcheck (a password)
     pre_start: List[PreStartPlan] = field(default_factory=list)      # run in order before its first start
     host_network: bool = False        # network_mode: host: the node's network as it is (never relocated)
+    needs_loopback: str = ""          # why `up` refuses it where services cannot get a loopback of their own
 
 
 @dataclass

@@ -20,6 +20,7 @@ cmd_up() {
     stop_supervisor  # one supervisor per project (a new one starts below), and none restarting what `up` starts
     clean_stale up
     mapfile -t names < <(closure "${names[@]}")
+    refuse_untraceable "${names[@]}" || { echo "run.sh: up: nothing was started" >&2; return 1; }
     for name in "${names[@]}"; do
         rm -f "$(status_file "$name")" "$RUNDIR/$name.timeline" "$RUNDIR/$name.progress" "$RUNDIR/$name.truth"
         probe_fakeroot "$name"

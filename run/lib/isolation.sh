@@ -24,6 +24,21 @@ traced_service() {
     [ "$ISOLATION" = intercept ] && [ "$S_HOST_NETWORK" != 1 ] && [[ " ${C2S_NODE_NETWORK:-} " != *" $S_NAME "* ]]
 }
 
+# Services whose ports work only on a loopback of their own (a privileged port, or one another
+# service holds too, that nothing could move: S_NEEDS_LOOPBACK, decided by convert), where they
+# would run untraced: one line each, and 1.
+refuse_untraceable() {
+    local name refused=0
+    for name in "$@"; do
+        load_service "$name"
+        if [ -n "$S_NEEDS_LOOPBACK" ] && ! traced_service; then
+            printf 'run.sh: up: %s (port isolation: %s)\n' "$S_NEEDS_LOOPBACK" "$ISOLATION_WHY" >&2
+            refused=1
+        fi
+    done
+    return "$refused"
+}
+
 # ISOLATION and ISOLATION_WHY as the last `up` on this node decided (plan when none did).
 isolation_mode() {
     local host="" requested="" mode=""

@@ -129,3 +129,42 @@ def test_plan_mode_is_todays_behaviour(bed):
     assert answers <= {f"I am {n}" for n in COPIES}, answers
     ps = node.run(f"cd ~ && {OUT}/run.sh ps", timeout=120).stdout
     assert "RELOCATED" not in ps, ps
+
+
+LOW = 28791  # published port of the server fixed on port 80
+
+
+def test_a_privileged_port_nothing_can_move_runs_under_the_tracer_and_is_refused_by_up_without_it(bed):
+    """A server fixed on port 80 (`python3 -m http.server 80`: no variable or flag compose2sif
+    could tell it another port through), published on LOW. convert no longer refuses it (the output
+    has bin/c2s-loopback): it says where it cannot run. `up` with the plan-time knobs only refuses
+    it in one line with the fix for such nodes, and starts nothing; by default the tracer moves its
+    80 onto the project's block and the published port reaches it there."""
+    node = bed
+    stack = node.home / "low-stack"
+    stack.mkdir(exist_ok=True)
+    (stack / "compose.yaml").write_text(
+        "name: c2s-low\nservices:\n  low:\n    image: c2s/python:test\n"
+        f"    command: [python3, -m, http.server, '80']\n    ports: ['{LOW}:80']\n")
+    subprocess.run(["chown", "-R", f"{node.uid}:{node.uid}", str(stack)], check=True)
+    node.run("cd ~ && rm -rf low-out")
+    try:
+        convert = node.c2s(f"-f low-stack/compose.yaml convert --registry-mirror {node.registry} -o low-out",
+                           timeout=300)
+        assert convert.returncode == 0, convert.stdout + convert.stderr
+        assert ("cannot move it; fix: add to service 'low' `x-compose2sif: {ports: {\"80\": {env: VAR}}}`"
+                in convert.stderr and "with the plan-time knobs only, `up` refuses it" in convert.stderr), convert.stderr
+        refused = node.run("cd ~ && C2S_PORT_ISOLATION=plan low-out/run.sh up -d", timeout=900)
+        assert refused.returncode != 0, refused.stdout + refused.stderr
+        lines = [l for l in refused.stderr.splitlines() if l.startswith("run.sh: up: service 'low' listens on port 80")]
+        assert len(lines) == 1 and "; fix: " in lines[0] and lines[0].endswith(
+            "(port isolation: C2S_PORT_ISOLATION=plan)"), refused.stderr
+        assert "run.sh: up: nothing was started" in refused.stderr, refused.stderr
+        assert not [p for p in node.processes() if "http.server" in p]
+        up = node.run("cd ~ && low-out/run.sh up -d", timeout=900)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "Directory listing" in fetch(node, f"http://127.0.0.1:{LOW}/")
+        ps = node.run("cd ~ && low-out/run.sh ps", timeout=120).stdout
+        assert re.search(r"RELOCATED service low: bind TCPv?6? \S+:80 \S+:\d+", ps), ps
+    finally:
+        node.run("cd ~ && low-out/run.sh down -v", timeout=300)

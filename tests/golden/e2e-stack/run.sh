@@ -42,6 +42,7 @@ svc_0_db() {
     S_TMP=state/services/db/scratch/tmp
     S_ONESHOT=0
     S_HOST_NETWORK=0
+    S_NEEDS_LOOPBACK=''
     S_RESTART=no
     S_NV=0
     S_GPUS=()
@@ -75,6 +76,7 @@ svc_1_llm() {
     S_TMP=state/services/llm/scratch/tmp
     S_ONESHOT=0
     S_HOST_NETWORK=0
+    S_NEEDS_LOOPBACK=''
     S_RESTART=no
     S_NV=0
     S_GPUS=()
@@ -108,6 +110,7 @@ svc_2_redis() {
     S_TMP=state/services/redis/scratch/tmp
     S_ONESHOT=0
     S_HOST_NETWORK=0
+    S_NEEDS_LOOPBACK=''
     S_RESTART=no
     S_NV=0
     S_GPUS=()
@@ -141,6 +144,7 @@ svc_3_init() {
     S_TMP=state/services/init/scratch/tmp
     S_ONESHOT=1
     S_HOST_NETWORK=0
+    S_NEEDS_LOOPBACK=''
     S_RESTART=no
     S_NV=0
     S_GPUS=()
@@ -173,6 +177,7 @@ svc_4_api() {
     S_TMP=state/services/api/scratch/tmp
     S_ONESHOT=0
     S_HOST_NETWORK=0
+    S_NEEDS_LOOPBACK=''
     S_RESTART=always
     S_NV=0
     S_GPUS=()
@@ -206,6 +211,7 @@ svc_5_worker() {
     S_TMP=state/services/worker/scratch/tmp
     S_ONESHOT=0
     S_HOST_NETWORK=0
+    S_NEEDS_LOOPBACK=''
     S_RESTART=on-failure:3
     S_NV=0
     S_GPUS=()
@@ -239,6 +245,7 @@ svc_6_proxy() {
     S_TMP=state/services/proxy/scratch/tmp
     S_ONESHOT=0
     S_HOST_NETWORK=0
+    S_NEEDS_LOOPBACK=''
     S_RESTART=unless-stopped
     S_NV=0
     S_GPUS=()

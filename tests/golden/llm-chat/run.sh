@@ -42,6 +42,7 @@ svc_0_db() {
     S_TMP=state/services/db/scratch/tmp
     S_ONESHOT=0
     S_HOST_NETWORK=0
+    S_NEEDS_LOOPBACK=''
     S_RESTART=no
     S_NV=0
     S_GPUS=()
@@ -75,6 +76,7 @@ svc_1_llm() {
     S_TMP=state/services/llm/tmpfs/tmp
     S_ONESHOT=0
     S_HOST_NETWORK=0
+    S_NEEDS_LOOPBACK=''
     S_RESTART=no
     S_NV=1
     S_GPUS=(count=4)
@@ -108,6 +110,7 @@ svc_2_redis() {
     S_TMP=state/services/redis/scratch/tmp
     S_ONESHOT=0
     S_HOST_NETWORK=0
+    S_NEEDS_LOOPBACK=''
     S_RESTART=no
     S_NV=0
     S_GPUS=()
@@ -141,6 +144,7 @@ svc_3_api() {
     S_TMP=state/services/api/scratch/tmp
     S_ONESHOT=0
     S_HOST_NETWORK=0
+    S_NEEDS_LOOPBACK=''
     S_RESTART=no
     S_NV=0
     S_GPUS=()
@@ -173,6 +177,7 @@ svc_4_web() {
     S_TMP=state/services/web/scratch/tmp
     S_ONESHOT=0
     S_HOST_NETWORK=0
+    S_NEEDS_LOOPBACK=''
     S_RESTART=no
     S_NV=0
     S_GPUS=()
@@ -206,6 +211,7 @@ svc_5_proxy() {
     S_TMP=state/services/proxy/scratch/tmp
     S_ONESHOT=0
     S_HOST_NETWORK=0
+    S_NEEDS_LOOPBACK=''
     S_RESTART=unless-stopped
     S_NV=0
     S_GPUS=()
