@@ -447,6 +447,14 @@ def isolation_line(out_dir: str) -> Optional[Line]:
     return ("warn", f"port isolation: plan-time knobs only ({why})")
 
 
+def untraceable_lines(out_dir: str) -> List[Line]:
+    """Where services get no loopback of their own: each service whose ports only one makes work
+    (plan.json's needs_loopback), which `up` refuses here."""
+    plan = _plan(out_dir) or {}
+    return [("fail", f"service {s['name']}: `up` refuses it on this node: {s['needs_loopback']}")
+            for s in plan.get("services") or [] if isinstance(s, dict) and s.get("needs_loopback")]
+
+
 def report(out_dir: Optional[str]) -> List[Line]:
     lines = runtime_lines()
     found = runtime.detect()
@@ -456,5 +464,7 @@ def report(out_dir: Optional[str]) -> List[Line]:
     if out_dir:
         isolation = isolation_line(out_dir)
         lines += [isolation] if isolation else []
+        if isolation and not isolation[1].startswith("port isolation: per-service loopback"):
+            lines += untraceable_lines(out_dir)
         lines += plan_lines(out_dir)
     return lines

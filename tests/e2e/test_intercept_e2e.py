@@ -161,6 +161,8 @@ def test_a_privileged_port_nothing_can_move_runs_under_the_tracer_and_is_refused
             "(port isolation: C2S_PORT_ISOLATION=plan)"), refused.stderr
         assert "run.sh: up: nothing was started" in refused.stderr, refused.stderr
         assert not [p for p in node.processes() if "http.server" in p]
+        doctor = node.run("cd ~ && C2S_PORT_ISOLATION=plan python3 -m compose2sif doctor -o low-out", timeout=300).stdout
+        assert "fail service low: `up` refuses it on this node: service 'low' listens on port 80" in doctor, doctor
         up = node.run("cd ~ && low-out/run.sh up -d", timeout=900)
         assert up.returncode == 0, up.stdout + up.stderr
         assert "Directory listing" in fetch(node, f"http://127.0.0.1:{LOW}/")
