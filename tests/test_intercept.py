@@ -349,10 +349,9 @@ def test_sockaddr_in_read_only_memory_at_the_bottom_of_a_stack(tracer, tmp_path)
 
 
 STATE_TEST = r"""
-#define main c2s_loopback_main
 #include "SOURCE"
-#undef main
 #include <assert.h>
+#include <stdio.h>
 /* The stops a rewritten call goes through, as each kernel reports them. */
 static void walk(int legacy, const enum stop *stops, int n)
 {
@@ -385,9 +384,9 @@ int main(void)
 
 def test_stop_order_of_old_kernels(tmp_path):
     """Linux < 4.8 reports the seccomp stop before the syscall-entry stop; no such kernel is here,
-    so the phase logic is driven with both orders (compiled from the tracer's own source)."""
-    (tmp_path / "state.c").write_text(STATE_TEST.replace("SOURCE", str(SOURCE / "loopback.c")))
-    subprocess.run(["cc", "-Wno-unused-function", "-o", str(tmp_path / "state"), str(tmp_path / "state.c")],
+    so the phase logic is driven with both orders (compiled from the tracer's own header)."""
+    (tmp_path / "state.c").write_text(STATE_TEST.replace("SOURCE", str(SOURCE / "loopback_phase.h")))
+    subprocess.run(["cc", "-Wall", "-Wextra", "-Werror", "-o", str(tmp_path / "state"), str(tmp_path / "state.c")],
                    check=True)
     assert subprocess.run([str(tmp_path / "state")], capture_output=True, text=True).stdout == "ok\n"
 

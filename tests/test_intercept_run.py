@@ -1,6 +1,6 @@
 """The per-service loopback in convert and run.sh (issue 23, integration; docs/interception.md).
 
-convert puts the tracer (compose2sif/intercept/loopback.c, compiled here) into bin/c2s-loopback;
+convert puts the tracer (compose2sif/intercept/loopback*.c, compiled here) into bin/c2s-loopback;
 run.sh's run/lib/isolation.sh chooses the mode and starts entries, probes and execs under it.
 Here, on this machine: the real tracer runs a STAND-IN SERVER (a Python one-liner named
 `c2s-standin-*`, binding 0.0.0.0:80 as an image's server does) in place of a service's entry, and
@@ -111,6 +111,37 @@ def test_without_a_compiler_convert_warns_once_and_writes_no_tracer(tmp_path, mo
     plan = (tmp_path / "out" / "plan.json").read_text()
     assert plan.count("bin/c2s-loopback could not be built here") == 1
     assert not (tmp_path / "out" / "bin" / "c2s-loopback").exists()
+
+
+def test_a_tracer_built_beforehand_is_stale_when_any_of_its_files_is_newer(tmp_path, monkeypatch):
+    """Every file the tracer is built from counts (each .c build.sh compiles, each header they
+    include), not loopback.c alone: copies of them, their times moved one at a time."""
+    standin_cc = tmp_path / "c2s-standin-cc"  # a STAND-IN COMPILER: lists the files build.sh gives it
+    standin_cc.write_text('#!/bin/sh\nprintf "%s\\n" "$@" >"${0%/*}/args"\nwhile [ "$1" != -o ]; do shift; done\n'
+                          ': >"$2"\n')
+    standin_cc.chmod(0o755)
+    subprocess.run(["sh", loopback.BUILD, str(tmp_path / "standin-output")], env={**os.environ, "CC": str(standin_cc)},
+                   check=True)
+    built = {Path(arg).name for arg in (tmp_path / "args").read_text().split() if arg.endswith(".c")}
+    names = {Path(source).name for source in loopback.SOURCES}
+    included = {line.split('"')[1] for name in names
+                for line in (Path(loopback.HERE) / name).read_text().splitlines() if line.startswith('#include "')}
+    assert {"loopback.c", "loopback.h", "loopback_phase.h"} <= names and built | included <= names
+    assert "forward.c" not in built
+    copies = [str(Path(shutil.copy(source, tmp_path))) for source in loopback.SOURCES]
+    prebuilt = tmp_path / "c2s-loopback"
+    prebuilt.write_bytes(b"")
+    built_at = time.time() - 100
+    os.utime(prebuilt, (built_at, built_at))
+    for copy in copies:
+        os.utime(copy, (built_at - 10, built_at - 10))
+    monkeypatch.setattr(loopback, "PREBUILT", str(prebuilt))
+    monkeypatch.setattr(loopback, "SOURCES", copies)
+    assert loopback.fresh()
+    for copy in copies:
+        os.utime(copy, (built_at + 10, built_at + 10))
+        assert not loopback.fresh(), copy
+        os.utime(copy, (built_at - 10, built_at - 10))
 
 
 STANDIN_RUNTIME = """#!/bin/bash

@@ -1,0 +1,79 @@
+/* What the files of c2s-loopback share. loopback.c says what the tracer does; the files:
+ *   loopback.c         options, the traced command's start, signals passed on, the trace loop
+ *   loopback_rules.c   where a sockaddr goes: own address, --map/--block/--keep, peers' records; the record
+ *   loopback_ptrace.c  the seccomp filter, the tracees' memory and registers, what each stop does
+ *   loopback_phase.h   where a tracee stands in a rewritten call (pure; tests/test_intercept.py drives it)
+ * build.sh compiles every loopback*.c into one static binary. Each .c includes this header first. */
+#ifndef C2S_LOOPBACK_H
+#define C2S_LOOPBACK_H
+
+#define _GNU_SOURCE
+#include <netinet/in.h>
+#include <stdint.h>
+#include <sys/ptrace.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include "loopback_phase.h"
+
+#if !defined(__x86_64__)
+#error "c2s-loopback: only x86_64 is implemented (aarch64 needs PTRACE_GETREGSET, x0 restore, 4-byte svc)"
+#endif
+
+#define NAME "c2s-loopback"
+#define EXIT_SETUP 125
+
+/* ---- configuration: set by main from the options (and the kernel's version) ------------------- */
+
+extern struct in_addr own_addr;          /* the service's own address, 127.A.B.C */
+extern uint16_t privileged_to[1024];     /* privileged port -> relocated port (0: not yet) */
+extern int privileged_from_block[1024];  /* the relocation came from --block (may be retried) */
+extern uint16_t block_lo, block_hi, block_next;
+extern unsigned char kept[65536];        /* --keep: ports left as the program writes them */
+extern int record_fd;                    /* --record, open for appending; -1: none */
+extern const char *record_path;
+extern const char *peers_dir;
+extern int legacy_order;                 /* kernel < 4.8: seccomp stop before syscall-entry stop */
+
+/* ---- the rules (loopback_rules.c) ------------------------------------------------------------ */
+
+union sockaddr_any {
+    struct sockaddr sa;
+    struct sockaddr_in in4;
+    struct sockaddr_in6 in6;
+    struct sockaddr_storage storage;
+};
+
+extern const struct in6_addr v6_loopback;
+
+/* Rewrites *a in place for a bind (is_bind) or a connect/sendto; returns 1 when it changed. */
+int relocate(union sockaddr_any *a, int is_bind);
+/* The port privileged port P goes to, allocating from --block on first use; 0 when none is left. */
+uint16_t relocate_privileged(uint16_t port);
+/* Appends a relocation to --record, once: "KIND PROTO FROM TO". */
+void record(const char *kind, pid_t tid, long fd, const union sockaddr_any *from, const union sockaddr_any *to);
+
+/* ---- the tracees (loopback_ptrace.c) --------------------------------------------------------- */
+
+struct tracee {
+    pid_t tid;                    /* 0: free slot */
+    enum phase phase;
+    long nr, fd;
+    unsigned long user_ptr;       /* the sockaddr the program passed */
+    unsigned long copy_ptr;       /* where the rewritten one is (== user_ptr when written in place) */
+    socklen_t len;
+    union sockaddr_any original, rewritten;
+    int parked;                   /* an IPv6-only bind moved to [::1]:0 */
+    int retries;
+};
+
+/* The seccomp filter that stops bind, connect and sendto-with-an-address, for the child to install. */
+int install_filter(void);
+/* The tracee TID (a new one when CREATE), valid until the next find/forget. */
+struct tracee *find_tracee(pid_t tid, int create);
+void forget_tracee(pid_t tid);
+void resume(pid_t tid, enum __ptrace_request how, int sig);
+void on_seccomp_stop(struct tracee *t);
+void on_call_exit(struct tracee *t);
+
+#endif

@@ -1,0 +1,293 @@
+/* c2s-loopback's ptrace side: the seccomp filter that makes bind, connect and sendto-with-an-address
+ * stop, the tracees' memory and registers, the table of tracees, and what the tracer does at a
+ * call's seccomp stop (read, rewrite by the rules of loopback_rules.c, place the copy) and at its
+ * exit (restore, or restart with another address). */
+#include "loopback.h"
+
+#include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/user.h>
+
+int legacy_order;
+
+/* ---- tracee memory and registers -------------------------------------------------------------- */
+
+static int read_memory(pid_t tid, unsigned long addr, void *buf, size_t len)
+{
+    struct iovec local = {buf, len}, remote = {(void *)addr, len};
+    if (process_vm_readv(tid, &local, 1, &remote, 1, 0) == (ssize_t)len)
+        return 0;
+    for (size_t off = 0; off < len; off += sizeof(long)) {  /* no CONFIG_CROSS_MEMORY_ATTACH */
+        errno = 0;
+        long word = ptrace(PTRACE_PEEKDATA, tid, addr + off, 0);
+        if (errno)
+            return -1;
+        memcpy((char *)buf + off, &word, len - off < sizeof word ? len - off : sizeof word);
+    }
+    return 0;
+}
+
+/* Writes with process_vm_writev, which honours page protections, or with force through
+ * PTRACE_POKEDATA, which writes a private copy of a read-only page as a debugger does. */
+static int write_memory(pid_t tid, unsigned long addr, const void *buf, size_t len, int force)
+{
+    struct iovec local = {(void *)buf, len}, remote = {(void *)addr, len};
+    if (!force)
+        return process_vm_writev(tid, &local, 1, &remote, 1, 0) == (ssize_t)len ? 0 : -1;
+    for (size_t off = 0; off < len; off += sizeof(long)) {
+        long word;
+        size_t n = len - off < sizeof word ? len - off : sizeof word;
+        if (n < sizeof word) {
+            errno = 0;
+            word = ptrace(PTRACE_PEEKDATA, tid, addr + off, 0);
+            if (errno)
+                return -1;
+        }
+        memcpy(&word, (const char *)buf + off, n);
+        if (ptrace(PTRACE_POKEDATA, tid, addr + off, word) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* the sockaddr argument and its length: bind/connect(fd, addr, len), sendto(fd, buf, n, flags, addr, len) */
+static unsigned long long *addr_register(struct user_regs_struct *r, long nr)
+{
+    return nr == SYS_sendto ? &r->r8 : &r->rsi;
+}
+
+static unsigned long long addr_length(const struct user_regs_struct *r, long nr)
+{
+    return nr == SYS_sendto ? r->r9 : r->rdx;
+}
+
+/* ---- tracees ---------------------------------------------------------------------------------- */
+
+static struct tracee *tracees;
+static size_t tracee_slots, tracee_count;
+
+static size_t slot_of(pid_t tid, size_t slots) { return ((size_t)tid * 2654435761u) % slots; }
+
+struct tracee *find_tracee(pid_t tid, int create)
+{
+    if (create && (tracee_count + 1) * 2 > tracee_slots) {
+        size_t slots = tracee_slots ? 2 * tracee_slots : 64;
+        struct tracee *table = calloc(slots, sizeof *table);
+        if (!table) {
+            fprintf(stderr, NAME ": out of memory\n");
+            exit(EXIT_SETUP);
+        }
+        for (size_t i = 0; i < tracee_slots; i++) {
+            if (!tracees[i].tid)
+                continue;
+            size_t j = slot_of(tracees[i].tid, slots);
+            while (table[j].tid)
+                j = (j + 1) % slots;
+            table[j] = tracees[i];
+        }
+        free(tracees);
+        tracees = table;
+        tracee_slots = slots;
+    }
+    if (!tracee_slots)
+        return NULL;
+    size_t i = slot_of(tid, tracee_slots);
+    while (tracees[i].tid) {
+        if (tracees[i].tid == tid)
+            return &tracees[i];
+        i = (i + 1) % tracee_slots;
+    }
+    if (!create)
+        return NULL;
+    memset(&tracees[i], 0, sizeof tracees[i]);
+    tracees[i].tid = tid;
+    tracee_count++;
+    return &tracees[i];
+}
+
+/* Removes a tracee (linear probing: later entries of the same run move up into the hole). */
+void forget_tracee(pid_t tid)
+{
+    struct tracee *t = find_tracee(tid, 0);
+    if (!t)
+        return;
+    size_t hole = (size_t)(t - tracees);
+    tracees[hole].tid = 0;
+    tracee_count--;
+    for (size_t j = (hole + 1) % tracee_slots; tracees[j].tid; j = (j + 1) % tracee_slots) {
+        size_t home = slot_of(tracees[j].tid, tracee_slots);
+        int stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+        if (!stays) {
+            tracees[hole] = tracees[j];
+            tracees[j].tid = 0;
+            hole = j;
+        }
+    }
+}
+
+void resume(pid_t tid, enum __ptrace_request how, int sig)
+{
+    ptrace(how, tid, 0, (void *)(long)sig);  /* ESRCH: it died meanwhile; its exit comes next */
+}
+
+/* ---- the stops ------------------------------------------------------------------------------ */
+
+/* Puts the rewritten sockaddr where the call will read it: below the red zone under the stack
+ * pointer (never the program's own, possibly const, memory). Only process_vm_writev may write
+ * there: it fails on a page the program could not write either (a guard page under a stack at its
+ * very bottom), where a forced write would succeed and the call then fail with EFAULT. Failing
+ * that, in place (forced through a read-only page), restored at the exit. */
+static int place_copy(struct tracee *t, struct user_regs_struct *regs)
+{
+    unsigned long scratch = (regs->rsp - 128 - sizeof t->rewritten) & ~15UL;
+    if (write_memory(t->tid, scratch, &t->rewritten, t->len, 0) == 0) {
+        t->copy_ptr = scratch;
+        return 0;
+    }
+    if (write_memory(t->tid, t->user_ptr, &t->rewritten, t->len, 1) == 0) {
+        t->copy_ptr = t->user_ptr;
+        return 0;
+    }
+    return -1;
+}
+
+void on_seccomp_stop(struct tracee *t)
+{
+    struct user_regs_struct regs;
+    if (ptrace(PTRACE_GETREGS, t->tid, 0, &regs) < 0)
+        return;
+    int rewrite = 0;
+    if (t->phase != RESTARTED) {
+        t->nr = (long)regs.orig_rax;
+        t->fd = (long)regs.rdi;
+        t->user_ptr = *addr_register(&regs, t->nr);
+        unsigned long long len = addr_length(&regs, t->nr);
+        t->parked = 0;
+        t->retries = 0;
+        if (t->user_ptr && len >= sizeof(struct sockaddr_in) && len <= sizeof t->original) {
+            t->len = (socklen_t)len;
+            memset(&t->original, 0, sizeof t->original);
+            if (read_memory(t->tid, t->user_ptr, &t->original, t->len) == 0) {
+                int family_ok = t->original.sa.sa_family == AF_INET ||
+                                (t->original.sa.sa_family == AF_INET6 && len >= 24);
+                t->rewritten = t->original;
+                rewrite = family_ok && relocate(&t->rewritten, t->nr == SYS_bind) && place_copy(t, &regs) == 0;
+                if (rewrite) {
+                    *addr_register(&regs, t->nr) = t->copy_ptr;
+                    if (t->copy_ptr != t->user_ptr && ptrace(PTRACE_SETREGS, t->tid, 0, &regs) < 0)
+                        rewrite = 0;
+                }
+            }
+        }
+    }
+    t->phase = next_phase(t->phase, STOP_SECCOMP, rewrite, legacy_order);
+    resume(t->tid, t->phase == IDLE ? PTRACE_CONT : PTRACE_SYSCALL, 0);
+}
+
+/* Restarts the call that just returned, with the tracee's rewritten sockaddr as it now is. */
+static void restart_call(struct tracee *t, struct user_regs_struct *regs)
+{
+    write_memory(t->tid, t->copy_ptr, &t->rewritten, t->len, t->copy_ptr == t->user_ptr);
+    regs->rip -= 2;  /* the `syscall` instruction */
+    regs->rax = regs->orig_rax;
+    ptrace(PTRACE_SETREGS, t->tid, 0, regs);
+    t->phase = RESTARTED;
+}
+
+void on_call_exit(struct tracee *t)
+{
+    struct user_regs_struct regs;
+    if (ptrace(PTRACE_GETREGS, t->tid, 0, &regs) < 0)
+        return;
+    long ret = (long)regs.rax;
+    int bind = t->nr == SYS_bind;
+    int v6 = t->original.sa.sa_family == AF_INET6;
+
+    if (bind && v6 && ret == -EINVAL && !t->parked) {
+        /* an IPV6_V6ONLY socket refuses a v4-mapped address and there is no per-service IPv6
+         * loopback: park it on [::1] at a port of the kernel's choosing (the program's IPv4
+         * socket, if it has one, serves). */
+        t->parked = 1;
+        memset(&t->rewritten.in6.sin6_addr, 0, sizeof(struct in6_addr));
+        t->rewritten.in6.sin6_addr = v6_loopback;
+        t->rewritten.in6.sin6_port = 0;
+        restart_call(t, &regs);
+        resume(t->tid, PTRACE_CONT, 0);
+        return;
+    }
+    uint16_t port = ntohs(v6 ? t->original.in6.sin6_port : t->original.in4.sin_port);
+    if (bind && ret == -EADDRINUSE && !t->parked && port && port < 1024 && privileged_from_block[port] &&
+        t->retries < 16) {
+        /* the block's port is taken (by someone outside the service): take the next one */
+        privileged_to[port] = 0;
+        uint16_t to = relocate_privileged(port);
+        if (to) {
+            t->retries++;
+            if (v6)
+                t->rewritten.in6.sin6_port = htons(to);
+            else
+                t->rewritten.in4.sin_port = htons(to);
+            restart_call(t, &regs);
+            resume(t->tid, PTRACE_CONT, 0);
+            return;
+        }
+    }
+    if (!bind && v6 && (ret == -ENETUNREACH || ret == -EAFNOSUPPORT || ret == -EINVAL) &&
+        memcmp(&t->rewritten, &t->original, t->len) != 0) {
+        /* an IPv6-only socket cannot reach a v4-mapped address: let the call go as written */
+        t->rewritten = t->original;
+        restart_call(t, &regs);
+        resume(t->tid, PTRACE_CONT, 0);
+        return;
+    }
+
+    if (t->copy_ptr == t->user_ptr)
+        write_memory(t->tid, t->user_ptr, &t->original, t->len, 1);
+    else {
+        *addr_register(&regs, t->nr) = t->user_ptr;
+        ptrace(PTRACE_SETREGS, t->tid, 0, &regs);
+    }
+    if ((ret >= 0 || ret == -EINPROGRESS) && memcmp(&t->rewritten, &t->original, t->len) != 0)
+        record(t->parked ? "park" : bind ? "bind" : t->nr == SYS_connect ? "connect" : "sendto", t->tid, t->fd,
+               &t->original, &t->rewritten);
+    t->phase = IDLE;
+    resume(t->tid, PTRACE_CONT, 0);
+}
+
+/* ---- the seccomp filter ------------------------------------------------------------------------ */
+
+int install_filter(void)
+{
+    struct sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),  /* i386 processes: not relocated */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_bind, 5, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_connect, 4, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_sendto, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        /* sendto without an address (send() on a connected socket): no stop */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[4])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[4]) + 4),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE),
+    };
+    struct sock_fprog prog = {sizeof code / sizeof code[0], code};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        return -1;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+}
+

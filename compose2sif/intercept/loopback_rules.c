@@ -1,0 +1,281 @@
+/* c2s-loopback's rules: where a bind, connect or sendto address goes (the service's own address,
+ * a privileged port's relocation by --map or --block, --keep, the relocations other tracers
+ * recorded), and the record of the relocations made. No ptrace here: loopback_ptrace.c reads the
+ * sockaddr out of the tracee and writes the rewritten one back. */
+#include "loopback.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/xattr.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- configuration (loopback.h) ------------------------------------------------------------ */
+
+struct in_addr own_addr;
+uint16_t privileged_to[1024];
+int privileged_from_block[1024];
+uint16_t block_lo, block_hi, block_next;
+unsigned char kept[65536];
+int record_fd = -1;
+const char *record_path;
+const char *peers_dir;
+
+/* ---- addresses ------------------------------------------------------------------------------ */
+
+static const struct in6_addr v6_any = IN6ADDR_ANY_INIT;
+const struct in6_addr v6_loopback = IN6ADDR_LOOPBACK_INIT;
+
+static int v4_mapped(const struct in6_addr *a, struct in_addr *out)
+{
+    static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (memcmp(a->s6_addr, prefix, 12) != 0)
+        return 0;
+    memcpy(&out->s_addr, a->s6_addr + 12, 4);
+    return 1;
+}
+
+static void set_v4_mapped(struct in6_addr *a, struct in_addr v4)
+{
+    memset(a->s6_addr, 0, 10);
+    a->s6_addr[10] = a->s6_addr[11] = 0xff;
+    memcpy(a->s6_addr + 12, &v4.s_addr, 4);
+}
+
+static int is_v4(struct in_addr a, const char *dotted)
+{
+    struct in_addr b;
+    inet_pton(AF_INET, dotted, &b);
+    return a.s_addr == b.s_addr;
+}
+
+/* "1.2.3.4:80" or "[::1]:80" */
+static void format_addr(const union sockaddr_any *a, char *out, size_t size)
+{
+    char host[INET6_ADDRSTRLEN];
+    if (a->sa.sa_family == AF_INET) {
+        inet_ntop(AF_INET, &a->in4.sin_addr, host, sizeof host);
+        snprintf(out, size, "%s:%u", host, ntohs(a->in4.sin_port));
+    } else {
+        inet_ntop(AF_INET6, &a->in6.sin6_addr, host, sizeof host);
+        snprintf(out, size, "[%s]:%u", host, ntohs(a->in6.sin6_port));
+    }
+}
+
+/* ---- privileged ports ----------------------------------------------------------------------- */
+
+static int port_taken_by_map(uint16_t port)
+{
+    for (int p = 1; p < 1024; p++)
+        if (privileged_to[p] == port)
+            return 1;
+    return 0;
+}
+
+static uint16_t peer_port(struct in_addr addr, uint16_t port);
+
+uint16_t relocate_privileged(uint16_t port)
+{
+    if (privileged_to[port])
+        return privileged_to[port];
+    if ((privileged_to[port] = peer_port(own_addr, port)))  /* the service's entry took it already */
+        return privileged_to[port];
+    while (block_next && block_next <= block_hi) {
+        uint16_t candidate = block_next++;
+        if (!port_taken_by_map(candidate)) {
+            privileged_to[port] = candidate;
+            privileged_from_block[port] = 1;
+            return candidate;
+        }
+    }
+    return 0;
+}
+
+/* ---- relocations made by other tracers: other services' (their records in --peers) and this
+ * service's own entry, when this tracer runs a healthcheck or an exec beside it (--record) ---- */
+
+struct peer { struct in_addr addr; uint16_t from, to; };
+static struct peer *peers;
+static size_t n_peers, peers_capacity;
+static struct timespec peers_read_at;
+
+static int parse_endpoint(char *text, struct in_addr *addr, uint16_t *port)
+{
+    char *colon = strrchr(text, ':');
+    if (!colon)
+        return 0;
+    *colon = 0;
+    *port = (uint16_t)atoi(colon + 1);
+    if (text[0] == '[') {
+        struct in6_addr a6;
+        text[strlen(text) - 1] = 0;
+        return inet_pton(AF_INET6, text + 1, &a6) == 1 && v4_mapped(&a6, addr);
+    }
+    return inet_pton(AF_INET, text, addr) == 1;
+}
+
+/* Takes the privileged-port binds of a record: "bind PROTO FROM TO". */
+static void read_record(int dir_fd, const char *path)
+{
+    int fd = openat(dir_fd, path, O_RDONLY | O_CLOEXEC);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (!f) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    char kind[16], proto[16], from[80], to[80], line[256];
+    while (fgets(line, sizeof line, f)) {
+        struct peer p;
+        struct in_addr from_addr;
+        if (sscanf(line, "%15s %15s %79s %79s", kind, proto, from, to) != 4 || strcmp(kind, "bind") != 0)
+            continue;
+        if (!parse_endpoint(from, &from_addr, &p.from) || !parse_endpoint(to, &p.addr, &p.to))
+            continue;
+        if (p.from == 0 || p.from >= 1024 || p.from == p.to)
+            continue;
+        if (n_peers == peers_capacity) {
+            size_t capacity = peers_capacity ? 2 * peers_capacity : 16;
+            struct peer *grown = realloc(peers, capacity * sizeof *peers);
+            if (!grown)
+                break;
+            peers = grown;
+            peers_capacity = capacity;
+        }
+        peers[n_peers++] = p;
+    }
+    fclose(f);
+}
+
+static void read_peers(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long elapsed_ms = (now.tv_sec - peers_read_at.tv_sec) * 1000 + (now.tv_nsec - peers_read_at.tv_nsec) / 1000000;
+    if (peers_read_at.tv_sec && elapsed_ms < 200)  /* a miss rereads at most five times a second */
+        return;
+    peers_read_at = now;
+    n_peers = 0;
+    if (record_path)
+        read_record(AT_FDCWD, record_path);
+    DIR *dir = peers_dir ? opendir(peers_dir) : NULL;
+    if (!dir)
+        return;
+    struct dirent *entry;
+    while ((entry = readdir(dir)))
+        if (entry->d_name[0] != '.')
+            read_record(dirfd(dir), entry->d_name);
+    closedir(dir);
+}
+
+static uint16_t peer_port(struct in_addr addr, uint16_t port)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        for (size_t i = 0; i < n_peers; i++)
+            if (peers[i].addr.s_addr == addr.s_addr && peers[i].from == port)
+                return peers[i].to;
+        if (attempt == 0)
+            read_peers();
+    }
+    return 0;
+}
+
+/* ---- the decision ---------------------------------------------------------------------------- */
+
+int relocate(union sockaddr_any *a, int is_bind)
+{
+    struct in_addr v4;
+    uint16_t port;
+    int v6 = a->sa.sa_family == AF_INET6;
+    if (a->sa.sa_family == AF_INET) {
+        v4 = a->in4.sin_addr;
+        port = ntohs(a->in4.sin_port);
+    } else if (v6) {
+        const struct in6_addr *a6 = &a->in6.sin6_addr;
+        if (!memcmp(a6, &v6_any, sizeof v6_any) || !memcmp(a6, &v6_loopback, sizeof v6_loopback))
+            inet_pton(AF_INET, "127.0.0.1", &v4);
+        else if (!v4_mapped(a6, &v4))
+            return 0;  /* a real IPv6 address: untouched */
+        port = ntohs(a->in6.sin6_port);
+    } else {
+        return 0;
+    }
+
+    struct in_addr new_addr = v4;
+    uint16_t new_port = port;
+    int self = is_v4(v4, "127.0.0.1") || is_v4(v4, "0.0.0.0") || v4.s_addr == own_addr.s_addr;
+    if (self && kept[port])
+        return 0;
+    if (self) {
+        new_addr = own_addr;
+        if (port && port < 1024) {
+            uint16_t to = is_bind ? relocate_privileged(port) : privileged_to[port] ? privileged_to[port]
+                                                                                    : peer_port(own_addr, port);
+            if (to)
+                new_port = to;
+        }
+    } else if (!is_bind && port && port < 1024 && (ntohl(v4.s_addr) >> 24) == 127) {
+        uint16_t to = peer_port(v4, port);
+        if (to)
+            new_port = to;
+    }
+    union sockaddr_any before = *a;
+    if (v6) {
+        set_v4_mapped(&a->in6.sin6_addr, new_addr);
+        a->in6.sin6_port = htons(new_port);
+    } else {
+        a->in4.sin_addr = new_addr;
+        a->in4.sin_port = htons(new_port);
+    }
+    return memcmp(&before, a, sizeof before) != 0;
+}
+
+/* ---- the record --------------------------------------------------------------------------- */
+
+static char **recorded;
+static size_t n_recorded, recorded_capacity;
+
+/* "TCP", "UDPv6"...: the socket's protocol name, read through the tracee's fd (sockfs xattr). */
+static void socket_proto(pid_t tid, long fd, char *out, size_t size)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%ld", tid, fd);
+    ssize_t n = getxattr(path, "system.sockprotoname", out, size - 1);
+    out[n > 0 ? n : 0] = 0;
+    if (n <= 0)
+        snprintf(out, size, "?");
+}
+
+void record(const char *kind, pid_t tid, long fd, const union sockaddr_any *from, const union sockaddr_any *to)
+{
+    if (record_fd < 0)
+        return;
+    char a[80], b[80], key[200];
+    format_addr(from, a, sizeof a);
+    format_addr(to, b, sizeof b);
+    snprintf(key, sizeof key, "%s %s %s", kind, a, b);
+    for (size_t i = 0; i < n_recorded; i++)
+        if (!strcmp(recorded[i], key))
+            return;
+    if (n_recorded == recorded_capacity) {
+        size_t capacity = recorded_capacity ? 2 * recorded_capacity : 32;
+        char **grown = realloc(recorded, capacity * sizeof *recorded);
+        if (!grown)
+            return;
+        recorded = grown;
+        recorded_capacity = capacity;
+    }
+    if (!(recorded[n_recorded] = strdup(key)))
+        return;
+    n_recorded++;
+    char proto[16], line[256];
+    socket_proto(tid, fd, proto, sizeof proto);
+    int len = snprintf(line, sizeof line, "%s %s %s %s\n", kind, proto, a, b);
+    if (write(record_fd, line, (size_t)len) != len)
+        fprintf(stderr, NAME ": cannot write the record: %s\n", strerror(errno));
+}
