@@ -210,6 +210,53 @@ def test_other_addresses_are_untouched(services, tracer, tmp_path):
     assert refused("127.0.0.1", port)
 
 
+# A rendezvous as torch.distributed's (vLLM's tensor-parallel ranks) makes one: the address found
+# the way vLLM's get_ip does (a UDP connect towards the outside: nothing is sent), a server on
+# every address of a port of the kernel's choosing, and a client connecting to the found address.
+RENDEZVOUS = textwrap.dedent("""
+    import socket
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); probe.connect(("8.8.8.8", 80))
+    found = probe.getsockname()[0]
+    server = socket.socket(socket.AF_INET6); server.bind(("::", 0)); server.listen()
+    client = socket.create_connection((found, server.getsockname()[1]), timeout=5)
+    peer, _ = server.accept()
+    print(found, client.getpeername()[0], server.getsockname()[0])
+""")
+
+
+def node_address():
+    """This machine's address towards the outside (not 127/8), as get_ip finds it; None without a route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("8.8.8.8", 80))
+        except OSError:
+            return None
+        return probe.getsockname()[0]
+
+
+def test_a_connect_to_the_nodes_own_address_finds_the_service_where_only_it_listens(tracer):
+    """In a container, a program's "own" address is the container's; here it is the node's, where
+    the service no longer listens (its bind went to its own address): such a connect goes to its
+    own address, where nothing listens on the node's address. A listener that is there (untraced,
+    outside the service) is reached as written."""
+    found = node_address()
+    if found is None:
+        pytest.fail("this machine has no route towards the outside: no node address to connect to")
+    proc = traced(tracer, "127.0.9.13", [sys.executable, "-c", RENDEZVOUS])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [found, "127.0.9.13", "::ffff:127.0.9.13"]
+    port = free_port(found)
+    with socket.socket() as outside:
+        outside.bind((found, port))
+        outside.listen()
+        code = f"import socket; print(socket.create_connection(({found!r}, {port}), timeout=5).getpeername()[0])"
+        child = subprocess.Popen([str(tracer), "--addr", "127.0.9.13", "--", sys.executable, "-c", code],
+                                 stdout=subprocess.PIPE, text=True)
+        conn, _ = outside.accept()
+        conn.close()
+        assert child.communicate(timeout=30)[0].strip() == found
+
+
 THREADS_FORK_EXEC = textwrap.dedent("""
     import os, socket, subprocess, sys, threading
     def bound():

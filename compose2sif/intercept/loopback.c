@@ -11,6 +11,9 @@
  *   - connect/sendto to 127.0.0.1, ::1, ::ffff:127.0.0.1, 0.0.0.0 or :: go to the own address,
  *     a relocated privileged port to where it went; a privileged port of another 127.x address
  *     goes where that service's record (a file in --peers) says it went;
+ *   - a TCP connect to one of the node's own addresses (not 127/8) on a port nothing listens on
+ *     there (nor on every address), where the service listens on its own address, goes there
+ *     (a program connecting to "its" address, as found in a container, finds itself);
  *   - binds and connects of the service itself on a --keep port (one published on its own number,
  *     which the node's clients reach on every address, as Docker publishes it) are left as written;
  *   - everything else is untouched.
@@ -212,6 +215,7 @@ int main(int argc, char **argv)
         return EXIT_SETUP;
     }
     legacy_order = kernel_before(4, 8);
+    read_node_addresses();
 
     int go[2];
     if (pipe2(go, O_CLOEXEC) < 0) {

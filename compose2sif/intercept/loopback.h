@@ -46,8 +46,11 @@ union sockaddr_any {
 
 extern const struct in6_addr v6_loopback;
 
-/* Rewrites *a in place for a bind (is_bind) or a connect/sendto; returns 1 when it changed. */
-int relocate(union sockaddr_any *a, int is_bind);
+/* Rewrites *a in place for a bind (is_bind) or a connect/sendto of tracee TID on its socket FD;
+ * returns 1 when it changed. */
+int relocate(union sockaddr_any *a, int is_bind, pid_t tid, long fd);
+/* The node's own addresses (not 127/8), once at start, for connects to them (loopback_rules.c). */
+void read_node_addresses(void);
 /* The port privileged port P goes to, allocating from --block on first use; 0 when none is left. */
 uint16_t relocate_privileged(uint16_t port);
 /* Appends a relocation to --record, once: "KIND PROTO FROM TO". */

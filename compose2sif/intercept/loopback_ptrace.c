@@ -180,7 +180,7 @@ void on_seccomp_stop(struct tracee *t)
                 int family_ok = t->original.sa.sa_family == AF_INET ||
                                 (t->original.sa.sa_family == AF_INET6 && len >= 24);
                 t->rewritten = t->original;
-                rewrite = family_ok && relocate(&t->rewritten, t->nr == SYS_bind) && place_copy(t, &regs) == 0;
+                rewrite = family_ok && relocate(&t->rewritten, t->nr == SYS_bind, t->tid, t->fd) && place_copy(t, &regs) == 0;
                 if (rewrite) {
                     *addr_register(&regs, t->nr) = t->copy_ptr;
                     if (t->copy_ptr != t->user_ptr && ptrace(PTRACE_SETREGS, t->tid, 0, &regs) < 0)

@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <ifaddrs.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -185,9 +186,100 @@ static uint16_t peer_port(struct in_addr addr, uint16_t port)
     return 0;
 }
 
+/* "TCP", "UDPv6"...: the socket's protocol name, read through the tracee's fd (sockfs xattr). */
+static void socket_proto(pid_t tid, long fd, char *out, size_t size)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%ld", tid, fd);
+    ssize_t n = getxattr(path, "system.sockprotoname", out, size - 1);
+    out[n > 0 ? n : 0] = 0;
+    if (n <= 0)
+        snprintf(out, size, "?");
+}
+
+/* ---- the node's own addresses ---------------------------------------------------------------- */
+
+/* Programs find "their" address the way they would in a container (a UDP connect towards the
+ * outside, the hostname), then connect to it: here that is the node's address, where nothing of
+ * the service listens any more. So a TCP connect to one of the node's own addresses (not 127/8)
+ * on a port nothing listens on there (nor on every address) goes to the service's own address
+ * where it listens on that port. The kernel's listener tables say which; only such connects
+ * (rare: a rendezvous, a self-check) read them. */
+#define MAX_NODE_ADDRS 64
+static struct in_addr node_addrs[MAX_NODE_ADDRS];
+static size_t n_node_addrs;
+
+void read_node_addresses(void)
+{
+    struct ifaddrs *list, *i;
+    if (getifaddrs(&list) < 0)
+        return;
+    for (i = list; i && n_node_addrs < MAX_NODE_ADDRS; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET) {
+            struct in_addr a = ((struct sockaddr_in *)i->ifa_addr)->sin_addr;
+            if ((ntohl(a.s_addr) >> 24) != 127)
+                node_addrs[n_node_addrs++] = a;
+        }
+    freeifaddrs(list);
+}
+
+static int node_address(struct in_addr a)
+{
+    for (size_t i = 0; i < n_node_addrs; i++)
+        if (node_addrs[i].s_addr == a.s_addr)
+            return 1;
+    return 0;
+}
+
+/* Whether a TCP socket listens on A (or on every address) port PORT, by /proc/net/tcp and tcp6
+ * (A as v4-mapped there). A is in network order, as the tables print it on this machine. */
+static int listens(struct in_addr a, uint16_t port, int or_any)
+{
+    static const char *tables[] = {"/proc/net/tcp", "/proc/net/tcp6"};
+    char line[512];
+    int found = 0;
+    for (int t = 0; t < 2 && !found; t++) {
+        FILE *f = fopen(tables[t], "re");
+        if (!f)
+            continue;
+        while (!found && fgets(line, sizeof line, f)) {
+            unsigned w[4], p, state;
+            if (t == 0) {
+                if (sscanf(line, " %*u: %8X:%4X %*8X:%*4X %2X", &w[3], &p, &state) != 3)
+                    continue;
+                w[0] = w[1] = 0, w[2] = htonl(0xffff);
+            } else if (sscanf(line, " %*u: %8X%8X%8X%8X:%4X %*32X:%*4X %2X", &w[0], &w[1], &w[2], &w[3], &p,
+                              &state) != 6) {
+                continue;
+            }
+            if (state != 0x0A || p != port)  /* TCP_LISTEN */
+                continue;
+            int any = !w[0] && !w[1] && !w[3] && (!w[2] || w[2] == htonl(0xffff));
+            int mapped = !w[0] && !w[1] && w[2] == htonl(0xffff);
+            found = (mapped && w[3] == a.s_addr) || (or_any && any);
+        }
+        fclose(f);
+    }
+    return found;
+}
+
+/* A connect to a node's address on PORT that only the service itself can answer: 1. */
+static int own_behind_node_address(pid_t tid, long fd, struct in_addr a, uint16_t port)
+{
+    if (!port || !node_address(a))
+        return 0;
+    char proto[16];
+    socket_proto(tid, fd, proto, sizeof proto);
+    if (strncmp(proto, "TCP", 3) != 0 || listens(a, port, 1))
+        return 0;
+    if (port < 1024)
+        return privileged_to[port] || peer_port(own_addr, port);
+    return listens(own_addr, port, 0);
+}
+
 /* ---- the decision ---------------------------------------------------------------------------- */
 
-int relocate(union sockaddr_any *a, int is_bind)
+int relocate(union sockaddr_any *a, int is_bind, pid_t tid, long fd)
 {
     struct in_addr v4;
     uint16_t port;
@@ -208,7 +300,8 @@ int relocate(union sockaddr_any *a, int is_bind)
 
     struct in_addr new_addr = v4;
     uint16_t new_port = port;
-    int self = is_v4(v4, "127.0.0.1") || is_v4(v4, "0.0.0.0") || v4.s_addr == own_addr.s_addr;
+    int self = is_v4(v4, "127.0.0.1") || is_v4(v4, "0.0.0.0") || v4.s_addr == own_addr.s_addr ||
+               (!is_bind && own_behind_node_address(tid, fd, v4, port));
     if (self && kept[port])
         return 0;
     if (self) {
@@ -239,17 +332,6 @@ int relocate(union sockaddr_any *a, int is_bind)
 
 static char **recorded;
 static size_t n_recorded, recorded_capacity;
-
-/* "TCP", "UDPv6"...: the socket's protocol name, read through the tracee's fd (sockfs xattr). */
-static void socket_proto(pid_t tid, long fd, char *out, size_t size)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/fd/%ld", tid, fd);
-    ssize_t n = getxattr(path, "system.sockprotoname", out, size - 1);
-    out[n > 0 ? n : 0] = 0;
-    if (n <= 0)
-        snprintf(out, size, "?");
-}
 
 void record(const char *kind, pid_t tid, long fd, const union sockaddr_any *from, const union sockaddr_any *to)
 {
