@@ -9,6 +9,7 @@ The runtime that `up` asks to run `c2s-loopback --check` is a STAND-IN RUNTIME (
 runs the command it is given outside any container)."""
 import os
 import platform
+import shlex
 import shutil
 import socket
 import subprocess
@@ -233,6 +234,35 @@ def test_a_host_network_service_runs_as_it_asked_untraced(project):
                              'traced id -u && printf "<%s>" "${TRACED[@]}"')
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "<id><-u>"
+
+
+def test_a_service_a_batch_job_runs_across_nodes_runs_untraced(project):
+    """C2S_NODE_NETWORK (the batch job names the service spanning nodes): the other nodes reach
+    its binds at this node's address, so it keeps the node's network as it is; the others do not."""
+    tmp_path, _, _ = project
+    intercept(tmp_path)
+    script = ('for name in a z; do load_service "$name" && START_FLAGS=() && if loopback_start_flags; then '
+              'echo "$name traced"; else echo "$name untraced"; fi; done')
+    proc = run_lib(tmp_path, script, C2S_NODE_NETWORK="x a")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["a untraced", "z traced"]
+
+
+def test_up_refuses_a_service_only_a_loopback_of_its_own_runs_where_it_would_run_untraced(project):
+    tmp_path, _, _ = project
+    header = tmp_path / "out" / "header.sh"
+    line = "service 'a' listens on port 80 (seen in: ports), which an unprivileged user cannot bind; fix: X"
+    before, _, after = header.read_text().partition("    S_NAME=a\n")
+    assert after and "S_NEEDS_LOOPBACK=''" in after.split("\n}", 1)[0]  # service a's function
+    header.write_text(before + "    S_NAME=a\n" + after.replace("S_NEEDS_LOOPBACK=''", "S_NEEDS_LOOPBACK=" + shlex.quote(line), 1))
+    (tmp_path / "out" / "state" / "run" / "isolation").write_text(f"{socket.gethostname()} plan plan\nC2S_PORT_ISOLATION=plan\n")
+    script = 'isolation_mode && refuse_untraceable a z; echo "rc=$?"'
+    proc = run_lib(tmp_path, script)
+    assert proc.stdout == "rc=1\n"
+    assert proc.stderr == f"run.sh: up: {line} (port isolation: C2S_PORT_ISOLATION=plan)\n"
+    intercept(tmp_path)
+    proc = run_lib(tmp_path, script)
+    assert (proc.stdout, proc.stderr) == ("rc=0\n", "")
 
 
 def test_ports_are_published_from_where_the_tracer_put_them(project):
