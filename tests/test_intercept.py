@@ -257,6 +257,37 @@ def test_a_connect_to_the_nodes_own_address_finds_the_service_where_only_it_list
         assert child.communicate(timeout=30)[0].strip() == found
 
 
+# Helper sockets as squid makes them (its ipcCreate, UDP and TCP): bound to [::1] on port 0, each
+# end told the other's address by getsockname, checked to be IPv6 as bound (squid refuses to
+# connect an IPv6 socket to an IPv4 address), then a hello through them after a fork.
+HELPER_SOCKETS = textwrap.dedent("""
+    import os, socket
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+        parent, child = (socket.socket(socket.AF_INET6, kind) for _ in range(2))
+        for s in (parent, child): s.bind(("::1", 0))
+        assert parent.getsockname()[0] == "::1", parent.getsockname()
+        if kind == socket.SOCK_STREAM: child.listen()
+        pid = os.fork()
+        if pid == 0:
+            if kind == socket.SOCK_DGRAM:
+                child.connect(parent.getsockname()); child.send(b"hello")
+            else:
+                child.accept()[0].send(b"hello")
+            os._exit(0)
+        if kind == socket.SOCK_DGRAM:
+            parent.connect(child.getsockname()); got = parent.recv(16)
+        else:
+            parent.connect(child.getsockname()); got = parent.recv(16)
+        os.waitpid(pid, 0)
+        print(got.decode(), end=" ")
+""")
+
+
+def test_helper_sockets_on_the_ipv6_loopback_stay_as_the_program_made_them(tracer):
+    proc = traced(tracer, "127.0.9.14", [sys.executable, "-c", HELPER_SOCKETS])
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "hello hello ", "")
+
+
 THREADS_FORK_EXEC = textwrap.dedent("""
     import os, socket, subprocess, sys, threading
     def bound():

@@ -11,6 +11,8 @@
  *   - connect/sendto to 127.0.0.1, ::1, ::ffff:127.0.0.1, 0.0.0.0 or :: go to the own address,
  *     a relocated privileged port to where it went; a privileged port of another 127.x address
  *     goes where that service's record (a file in --peers) says it went;
+ *   - a bind to [::1] on port 0, and connects to what such a socket got, are left as written (the
+ *     kernel picks a free port, and the socket stays an IPv6 one, as the program made it);
  *   - a TCP connect to one of the node's own addresses (not 127/8) on a port nothing listens on
  *     there (nor on every address), where the service listens on its own address, goes there
  *     (a program connecting to "its" address, as found in a container, finds itself);
@@ -216,6 +218,7 @@ int main(int argc, char **argv)
     }
     legacy_order = kernel_before(4, 8);
     read_node_addresses();
+    read_ephemeral_range();
 
     int go[2];
     if (pipe2(go, O_CLOEXEC) < 0) {

@@ -51,6 +51,8 @@ extern const struct in6_addr v6_loopback;
 int relocate(union sockaddr_any *a, int is_bind, pid_t tid, long fd);
 /* The node's own addresses (not 127/8), once at start, for connects to them (loopback_rules.c). */
 void read_node_addresses(void);
+/* The kernel's ephemeral port range, once at start (loopback_rules.c: IPv6 loopback, port 0). */
+void read_ephemeral_range(void);
 /* The port privileged port P goes to, allocating from --block on first use; 0 when none is left. */
 uint16_t relocate_privileged(uint16_t port);
 /* Appends a relocation to --record, once: "KIND PROTO FROM TO". */

@@ -231,11 +231,13 @@ static int node_address(struct in_addr a)
     return 0;
 }
 
-/* Whether a TCP socket listens on A (or on every address) port PORT, by /proc/net/tcp and tcp6
- * (A as v4-mapped there). A is in network order, as the tables print it on this machine. */
-static int listens(struct in_addr a, uint16_t port, int or_any)
+/* Whether a socket of the node is bound to A6 (or, with OR_ANY, to every address) port PORT: a
+ * TCP listener, or any UDP socket, by /proc/net/{tcp,udp}[6] (an IPv4 address as v4-mapped). */
+static int bound_at(int udp, const struct in6_addr *a6, uint16_t port, int or_any)
 {
-    static const char *tables[] = {"/proc/net/tcp", "/proc/net/tcp6"};
+    const char *tables[2] = {udp ? "/proc/net/udp" : "/proc/net/tcp", udp ? "/proc/net/udp6" : "/proc/net/tcp6"};
+    uint32_t want[4];
+    memcpy(want, a6, sizeof want);
     char line[512];
     int found = 0;
     for (int t = 0; t < 2 && !found; t++) {
@@ -252,15 +254,28 @@ static int listens(struct in_addr a, uint16_t port, int or_any)
                               &state) != 6) {
                 continue;
             }
-            if (state != 0x0A || p != port)  /* TCP_LISTEN */
+            if (p != port || (!udp && state != 0x0A))  /* TCP: listeners only */
                 continue;
             int any = !w[0] && !w[1] && !w[3] && (!w[2] || w[2] == htonl(0xffff));
-            int mapped = !w[0] && !w[1] && w[2] == htonl(0xffff);
-            found = (mapped && w[3] == a.s_addr) || (or_any && any);
+            found = (w[0] == want[0] && w[1] == want[1] && w[2] == want[2] && w[3] == want[3]) || (or_any && any);
         }
         fclose(f);
     }
     return found;
+}
+
+static int is_udp(pid_t tid, long fd)
+{
+    char proto[16];
+    socket_proto(tid, fd, proto, sizeof proto);
+    return !strncmp(proto, "UDP", 3);
+}
+
+static struct in6_addr mapped(struct in_addr a)
+{
+    struct in6_addr a6;
+    set_v4_mapped(&a6, a);
+    return a6;
 }
 
 /* A connect to a node's address on PORT that only the service itself can answer: 1. */
@@ -270,11 +285,41 @@ static int own_behind_node_address(pid_t tid, long fd, struct in_addr a, uint16_
         return 0;
     char proto[16];
     socket_proto(tid, fd, proto, sizeof proto);
-    if (strncmp(proto, "TCP", 3) != 0 || listens(a, port, 1))
+    struct in6_addr there = mapped(a), own = mapped(own_addr);
+    if (strncmp(proto, "TCP", 3) != 0 || bound_at(0, &there, port, 1))
         return 0;
     if (port < 1024)
         return privileged_to[port] || peer_port(own_addr, port);
-    return listens(own_addr, port, 0);
+    return bound_at(0, &own, port, 0);
+}
+
+/* ---- IPv6 loopback, port 0 ---------------------------------------------------------------------
+ * A bind to [::1] on port 0 (the kernel picks a free port: it cannot clash) stays as written: a
+ * v4-mapped own address in its place would turn the program's IPv6 loopback socket into an IPv4
+ * one, which programs that check (squid's helper sockets) refuse to connect. A connect to [::1] on
+ * a port of the kernel's ephemeral range where such a socket is bound, and nothing at the
+ * service's own address, stays as written too (the kernel's socket tables say so; only connects
+ * to [::1] on that range read them). */
+static unsigned ephemeral_lo = 32768, ephemeral_hi = 60999;
+
+void read_ephemeral_range(void)
+{
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "re");
+    if (!f)
+        return;
+    unsigned lo, hi;
+    if (fscanf(f, "%u %u", &lo, &hi) == 2 && lo <= hi)
+        ephemeral_lo = lo, ephemeral_hi = hi;
+    fclose(f);
+}
+
+static int bound_on_v6_loopback_only(pid_t tid, long fd, uint16_t port)
+{
+    if (port < ephemeral_lo || port > ephemeral_hi)
+        return 0;
+    int udp = is_udp(tid, fd);
+    struct in6_addr own = mapped(own_addr);
+    return bound_at(udp, &v6_loopback, port, 0) && !bound_at(udp, &own, port, 0);
 }
 
 /* ---- the decision ---------------------------------------------------------------------------- */
@@ -289,7 +334,10 @@ int relocate(union sockaddr_any *a, int is_bind, pid_t tid, long fd)
         port = ntohs(a->in4.sin_port);
     } else if (v6) {
         const struct in6_addr *a6 = &a->in6.sin6_addr;
-        if (!memcmp(a6, &v6_any, sizeof v6_any) || !memcmp(a6, &v6_loopback, sizeof v6_loopback))
+        int loopback6 = !memcmp(a6, &v6_loopback, sizeof v6_loopback);
+        if (loopback6 && (is_bind ? !a->in6.sin6_port : bound_on_v6_loopback_only(tid, fd, ntohs(a->in6.sin6_port))))
+            return 0;  /* see "IPv6 loopback, port 0" */
+        if (!memcmp(a6, &v6_any, sizeof v6_any) || loopback6)
             inet_pton(AF_INET, "127.0.0.1", &v4);
         else if (!v4_mapped(a6, &v4))
             return 0;  /* a real IPv6 address: untouched */

@@ -44,9 +44,17 @@ def up(node, env="", before_up=None, options=""):
 
 
 def endpoint(node, service, port):
+    """Where `up` expects the service to listen: the plan's endpoint, or, where the last `up` gave
+    each service a loopback of its own (state/run/isolation says intercept: the default on the test
+    bed), its own address in place of 0.0.0.0 or 127.0.0.1."""
     plan = json.loads((node.home / OUT / "plan.json").read_text())
-    return next(f"{p['address']}:{p['host']}" for s in plan["services"] if s["name"] == service
-                for p in s["ports"] if p["container"] == port)
+    address, host = next((p["address"], p["host"]) for s in plan["services"] if s["name"] == service
+                         for p in s["ports"] if p["container"] == port)
+    isolation = node.home / OUT / "state" / "run" / "isolation"
+    if isolation.exists() and isolation.read_text().split()[2:3] == ["intercept"] and \
+            address in ("0.0.0.0", "127.0.0.1"):
+        address = next(a for a, names in plan["hosts"] if service in names)
+    return f"{address}:{host}"
 
 
 def instances(node):
