@@ -257,6 +257,10 @@ def test_up_refuses_a_service_only_a_loopback_of_its_own_runs_where_it_would_run
     header.write_text(before + "    S_NAME=a\n" + after.replace("S_NEEDS_LOOPBACK=''", "S_NEEDS_LOOPBACK=" + shlex.quote(line), 1))
     (tmp_path / "out" / "state" / "run" / "isolation").write_text(f"{socket.gethostname()} plan plan\nC2S_PORT_ISOLATION=plan\n")
     script = 'isolation_mode && refuse_untraceable a z; echo "rc=$?"'
+    assert run_lib(tmp_path, script).stdout == "rc=0\n"  # not built yet: start_service says so
+    sif = Path(run_lib(tmp_path, 'load_service a && echo "$S_SIF"').stdout.strip())
+    sif.parent.mkdir(exist_ok=True)
+    sif.write_text("")  # (nothing runs it)
     proc = run_lib(tmp_path, script)
     assert proc.stdout == "rc=1\n"
     assert proc.stderr == f"run.sh: up: {line} (port isolation: C2S_PORT_ISOLATION=plan)\n"

@@ -31,6 +31,7 @@ refuse_untraceable() {
     local name refused=0
     for name in "$@"; do
         load_service "$name"
+        [ -f "$S_SIF" ] || continue  # not built: nothing could be checked, and start_service says so
         if [ -n "$S_NEEDS_LOOPBACK" ] && ! traced_service; then
             printf 'run.sh: up: %s (port isolation: %s)\n' "$S_NEEDS_LOOPBACK" "$ISOLATION_WHY" >&2
             refused=1

@@ -154,6 +154,7 @@ def test_a_privileged_port_nothing_can_move_runs_under_the_tracer_and_is_refused
         assert convert.returncode == 0, convert.stdout + convert.stderr
         assert ("cannot move it; fix: add to service 'low' `x-compose2sif: {ports: {\"80\": {env: VAR}}}`"
                 in convert.stderr and "with the plan-time knobs only, `up` refuses it" in convert.stderr), convert.stderr
+        node.run("cd ~ && low-out/run.sh build", check=True, timeout=900)  # as `compose2sif up` does first
         refused = node.run("cd ~ && C2S_PORT_ISOLATION=plan low-out/run.sh up -d", timeout=900)
         assert refused.returncode != 0, refused.stdout + refused.stderr
         lines = [l for l in refused.stderr.splitlines() if l.startswith("run.sh: up: service 'low' listens on port 80")]
