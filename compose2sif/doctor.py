@@ -449,10 +449,11 @@ def isolation_line(out_dir: str) -> Optional[Line]:
 
 def untraceable_lines(out_dir: str) -> List[Line]:
     """Where services get no loopback of their own: each service whose ports only one makes work
-    (plan.json's needs_loopback), which `up` refuses here."""
+    (plan.json's needs_loopback) and whose image is built, which `up` refuses here."""
     plan = _plan(out_dir) or {}
     return [("fail", f"service {s['name']}: `up` refuses it on this node: {s['needs_loopback']}")
-            for s in plan.get("services") or [] if isinstance(s, dict) and s.get("needs_loopback")]
+            for s in plan.get("services") or [] if isinstance(s, dict) and s.get("needs_loopback")
+            and os.path.isfile(os.path.join(out_dir, "sif", f"{s.get('image')}.sif"))]
 
 
 def report(out_dir: Optional[str]) -> List[Line]:

@@ -133,7 +133,10 @@ def test_singularity_spellings_and_a_non_suid_build(tmp_path):
 def test_each_service_only_a_loopback_of_its_own_runs_is_a_fail_line_where_there_is_none(tmp_path):
     from compose2sif.doctor import untraceable_lines
     (tmp_path / "plan.json").write_text(json.dumps({"services": [
-        {"name": "low", "needs_loopback": "service 'low' listens on port 80 (seen in: ports) ...; fix: X"},
-        {"name": "db", "needs_loopback": ""}]}))
+        {"name": "low", "image": "py", "needs_loopback": "service 'low' listens on port 80 (seen in: ports) ...; fix: X"},
+        {"name": "db", "image": "py", "needs_loopback": ""}]}))
+    assert untraceable_lines(str(tmp_path)) == []  # no image built: `up` would not get that far
+    (tmp_path / "sif").mkdir()
+    (tmp_path / "sif" / "py.sif").write_text("")
     assert untraceable_lines(str(tmp_path)) == [
         ("fail", "service low: `up` refuses it on this node: service 'low' listens on port 80 (seen in: ports) ...; fix: X")]
