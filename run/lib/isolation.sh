@@ -207,7 +207,8 @@ isolated_endpoints() {
 }
 
 # Wait until the loaded service's record says where each privileged port its forwarders relay to
-# went, for up to $1 s (its forwarders start with the right target). Prints why not.
+# went, and it listens there (a bind is recorded as it returns, before the program's listen), for
+# up to $1 s (its forwarders start with the right target). Prints why not.
 wait_relocated() {
     traced_service || return 0
     local deadline=$((SECONDS + $1)) i port missing
@@ -215,7 +216,10 @@ wait_relocated() {
         missing=""
         for ((i = 1; i < ${#S_FORWARDS[@]}; i += 2)); do
             port=${S_FORWARDS[i]##*:}
-            isolated_endpoint "${S_FORWARDS[i]}" || missing+=" $port"
+            ((port < 1024)) || continue
+            if ! isolated_endpoint "${S_FORWARDS[i]}" || [ -z "$(endpoint_listeners "$ISOLATED")" ]; then
+                missing+=" $port"
+            fi
         done
         [ -z "$missing" ] && { isolated_endpoints; return 0; }
         if ! service_running; then
