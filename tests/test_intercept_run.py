@@ -60,6 +60,9 @@ services:
   z:
     image: busybox
     ports: ["{published + 1}:{published + 1}"]
+  zlow:
+    image: busybox
+    ports: ["{published + 2}:80"]
   zz:
     image: busybox
     network_mode: host
@@ -95,7 +98,7 @@ def test_convert_puts_the_tracer_beside_run_sh(converted):
     assert subprocess.run([str(tracer), "--check", "--addr", f"{BLOCK}.9"], capture_output=True).returncode == 0
     run_sh = (out / "run.sh").read_text()
     assert "LOOPBACK_BLOCK=24050-24099" in run_sh and f"S_OWN_ADDRESS={BLOCK}." in run_sh
-    assert "bin/c2s-loopback" not in (out / "convert.err").read_text()
+    assert "bin/c2s-loopback could not be built" not in (out / "convert.err").read_text()
 
 
 def test_without_a_compiler_convert_warns_once_and_writes_no_tracer(tmp_path, monkeypatch):
@@ -267,6 +270,17 @@ def test_up_refuses_a_service_only_a_loopback_of_its_own_runs_where_it_would_run
     intercept(tmp_path)
     proc = run_lib(tmp_path, script)
     assert (proc.stdout, proc.stderr) == ("rc=0\n", "")
+
+
+def test_a_start_forgets_where_the_last_run_put_a_privileged_port(project):
+    """The last run's record must not decide where this run's forwarder relays: once the record is
+    emptied before the entry starts, the target is unknown again until the new run records it."""
+    tmp_path, published, _ = project
+    intercept(tmp_path)
+    own = run_lib(tmp_path, 'load_service zlow && echo "$S_OWN_ADDRESS"').stdout.strip()
+    (tmp_path / "out" / "state" / "run" / "loopback" / "zlow").write_text(f"bind TCP 0.0.0.0:80 {own}:24077\n")
+    proc = run_lib(tmp_path, 'load_service zlow && echo "${S_FORWARDS[*]}" && clear_record && echo "${S_FORWARDS[*]}"')
+    assert proc.stdout.splitlines() == [f"0.0.0.0:{published + 2} {own}:24077", f"0.0.0.0:{published + 2} {own}:80"]
 
 
 def test_ports_are_published_from_where_the_tracer_put_them(project):

@@ -138,10 +138,12 @@ loopback_start_flags() {
 }
 
 # Before the loaded service's entry starts: its record emptied (the relocations of its last run
-# are not this one's).
+# are not this one's), and the service loaded again, so that its endpoints and forwarder targets
+# are not where the last run's record put them.
 clear_record() {
-    traced_service && : >"$(records_dir)/$S_NAME"
-    return 0
+    traced_service || return 0
+    : >"$(records_dir)/$S_NAME"
+    load_service "$S_NAME"
 }
 
 # The command $@ prefixed with the tracer for the loaded service, in TRACED (a healthcheck or an
