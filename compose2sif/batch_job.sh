@@ -89,8 +89,19 @@ choose_interface() {  # prints "NAME ADDRESS": $iface if it has an IPv4 address,
     echo "$name $addr"
 }
 
-pause() {  # sleep that a signal interrupts at once (the trap runs)
-    sleep "$1" &
+# Every wait, poll and timeout of the job (the time-limit timer's too) counts ticks: a second
+# each, unless C2S_BATCH_TICK_MS (a whole number of milliseconds) says otherwise. The tests run
+# whole jobs on short ticks; a job on a cluster has no reason to set it.
+tick_ms=${C2S_BATCH_TICK_MS:-1000}
+[[ $tick_ms =~ ^[1-9][0-9]{0,5}$ ]] || tick_ms=1000
+
+ticks() {  # $1 ticks, in seconds as sleep takes them
+    local ms=$(($1 * tick_ms))
+    printf '%d.%03d' $((ms / 1000)) $((ms % 1000))
+}
+
+pause() {  # $1 ticks; a sleep that a signal interrupts at once (the trap runs)
+    sleep "$(ticks "$1")" &
     wait "$!"
 }
 
@@ -149,7 +160,7 @@ end_job() {  # stop everything, remove the job directory, exit with $1
     if [ -n "$launched" ]; then
         local waited=0
         until nodes_stopped || [ "$waited" -ge $((ray_grace * 2 + 15)) ]; do
-            sleep 1
+            pause 1
             waited=$((waited + 1))
         done
         nodes_stopped || say "not every node part said it stopped within $((ray_grace * 2 + 15))s"
@@ -166,7 +177,7 @@ arm_timer() {  # SIGTERM to this step stop_lead seconds before the time limit (a
     [ "$elapse_s" -gt "$stop_lead" ] || return 0
     (
         trap 'kill "$nap" 2>/dev/null; exit 0' TERM
-        sleep $((elapse_s - stop_lead)) &
+        sleep "$(ticks $((elapse_s - stop_lead)))" &
         nap=$!
         wait "$nap" && say "the time limit is ${stop_lead}s away" && kill -TERM $$
     ) &
@@ -296,7 +307,7 @@ left_running() {  # any process (zombies aside) still in those sessions?
 wait_stopped() {  # up to $ray_grace seconds for those sessions to empty
     local waited=0
     while left_running && [ "$waited" -lt "$ray_grace" ]; do
-        sleep 1
+        pause 1
         waited=$((waited + 1))
     done
 }

