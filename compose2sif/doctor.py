@@ -465,7 +465,7 @@ def report(out_dir: Optional[str]) -> List[Line]:
     if out_dir:
         isolation = isolation_line(out_dir)
         lines += [isolation] if isolation else []
-        if isolation and not isolation[1].startswith("port isolation: per-service loopback"):
+        if isolation and isolation[0] != "ok":  # not a loopback per service here
             lines += untraceable_lines(out_dir)
         lines += plan_lines(out_dir)
     return lines

@@ -299,7 +299,7 @@ def test_ports_are_published_from_where_the_tracer_put_them(project):
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             cwd=tmp_path)
     started.append(proc)
-    script = ('load_service web && service_running() { true; } && wait_relocated 10 && '
+    script = ('load_service web && service_running() { true; } && wait_relocated 10 && isolated_endpoints && '
               'echo "${S_ENDPOINTS[*]}|${S_FORWARDS[*]}" && until [ -s "$RUNDIR/loopback/web" ]; do nap 0.1; done && '
               'until isolated_endpoint 0.0.0.0:80; do nap 0.1; done && echo "$ISOLATED" && '
               'start_forwarders && relocation_lines web')

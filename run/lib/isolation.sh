@@ -210,7 +210,8 @@ isolated_endpoints() {
 
 # Wait until the loaded service's record says where each privileged port its forwarders relay to
 # went, and it listens there (a bind is recorded as it returns, before the program's listen), for
-# up to $1 s (its forwarders start with the right target). Prints why not.
+# up to $1 s. Prints why not. (It runs in a command substitution: the caller then reads the record
+# into the service's targets, isolated_endpoints, before its forwarders start.)
 wait_relocated() {
     traced_service || return 0
     local deadline=$((SECONDS + $1)) i port missing
@@ -223,13 +224,13 @@ wait_relocated() {
                 missing+=" $port"
             fi
         done
-        [ -z "$missing" ] && { isolated_endpoints; return 0; }
+        [ -z "$missing" ] && return 0
         if ! service_running; then
             echo "exited before it bound its published port(s)$missing (exit code $(exit_code))"
             return 1
         fi
         if ((SECONDS >= deadline)); then
-            echo "did not bind its published port(s)$missing $1 s after it started"
+            echo "did not bind and listen on its published port(s)$missing $1 s after it started"
             return 1
         fi
         nap 0.1

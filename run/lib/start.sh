@@ -280,7 +280,7 @@ start_service() {
     fi
     # (a privileged port's forwarder relays to where the tracer put it: run/lib/isolation.sh)
     reason=$(wait_relocated "${C2S_LISTEN_TIMEOUT:-60}") || { set_status "$name" "failed $reason"; return 1; }
-    isolated_endpoints  # here, not in wait_relocated's subshell: the record now says where each went
+    isolated_endpoints  # the record now says where each went (run/lib/isolation.sh)
     reason=$(start_forwarders) || { set_status "$name" "failed $reason"; return 1; }  # (run/lib/forward.sh)
     set_status "$name" started
     if [ ${#S_HEALTH[@]} -gt 0 ]; then
