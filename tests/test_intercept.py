@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from compose2sif import loopback
+
 SOURCE = Path(__file__).resolve().parent.parent / "compose2sif" / "intercept"
 
 pytestmark = pytest.mark.skipif(
@@ -25,10 +27,11 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def tracer(tmp_path_factory):
-    out = tmp_path_factory.mktemp("loopback") / "c2s-loopback"
-    subprocess.run([str(SOURCE / "build.sh"), str(out)], check=True)
-    return out
+def tracer():
+    """The tracer convert ships: compose2sif/intercept/c2s-loopback, which conftest's loopback_built
+    compiles once for the suite from the sources as they are now (not once per test worker)."""
+    assert loopback.fresh(), "conftest.py's loopback_built did not build the tracer"
+    return Path(loopback.PREBUILT)
 
 
 def free_port(addr: str) -> int:
