@@ -174,10 +174,6 @@ VOLUME_FORMS: Dict[str, str] = {
     "`type: image`, `type: npipe`, `type: cluster`": "not supported: skipped, named in a warning",
 }
 
-TOP_LEVEL_KEYS = ("version", "name", "include", "services", "networks", "volumes", "secrets",
-                  "configs", "models")
-
-
 def unsupported_warnings(name: str, service: dict) -> List[str]:
     """One warning per key of this service that compose2sif cannot honour, in file order."""
     return [f"service {name!r}: `{key}` is not supported under Apptainer: {SERVICE_KEYS[key].note}"
