@@ -93,13 +93,27 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def loopback_built():
-    """The tracer every convert writes as bin/c2s-loopback, compiled once for the suite
-    (compose2sif/loopback.py takes a fresh compose2sif/intercept/c2s-loopback), not once per
-    converting process."""
-    from compose2sif import loopback
-    if not loopback.fresh():
-        loopback.build(loopback.PREBUILT)
+def helper_binaries_built():
+    """The tracer and the forwarder every convert writes as bin/c2s-loopback and bin/c2s-forward,
+    compiled once for the suite (compose2sif/loopback.py and forwarder.py take a fresh
+    compose2sif/intercept/c2s-loopback and c2s-forward), not once per converting process: on a
+    fresh clone that is a compile in each of hundreds of converts."""
+    import fcntl
+    from compose2sif import forwarder, loopback
+    for helper in (loopback, forwarder):
+        if helper.fresh():
+            continue
+        # one xdist worker compiles, under a lock on the directory; the others then find it fresh.
+        # Built beside it and renamed, so that no convert reads a half-written binary.
+        directory = os.open(os.path.dirname(helper.PREBUILT), os.O_RDONLY)
+        try:
+            fcntl.flock(directory, fcntl.LOCK_EX)
+            if not helper.fresh():
+                partial = f"{helper.PREBUILT}.{os.getpid()}"
+                if helper.build(partial):
+                    os.replace(partial, helper.PREBUILT)
+        finally:
+            os.close(directory)
 
 
 @pytest.fixture

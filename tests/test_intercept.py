@@ -28,9 +28,9 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def tracer():
-    """The tracer convert ships: compose2sif/intercept/c2s-loopback, which conftest's loopback_built
+    """The tracer convert ships: compose2sif/intercept/c2s-loopback, which conftest's helper_binaries_built
     compiles once for the suite from the sources as they are now (not once per test worker)."""
-    assert loopback.fresh(), "conftest.py's loopback_built did not build the tracer"
+    assert loopback.fresh(), "conftest.py's helper_binaries_built did not build the tracer"
     return Path(loopback.PREBUILT)
 
 
