@@ -67,16 +67,18 @@ project_service_of() {
     for name in "${SERVICES[@]}"; do
         while read -r pid start rest; do
             [ "$pid" = "$1" ] && same_process "$pid" "$start" && OWNER=$name
-        done 2>/dev/null <"$(forward_record "$name")"
+        done 2>/dev/null <"$RUNDIR/$name.forward"
         load_service "$name"
         service_of[$S_INSTANCE]=$name
     done
     [ -n "$loaded" ] && load_service "$loaded"
     [ -n "$OWNER" ] && return 0
     declare -A init_of=()
-    while read -r instance pid; do
+    listed_instances
+    for instance in "${!LISTED[@]}"; do
+        pid=${LISTED[$instance]}
         [ -n "${service_of[$instance]:-}" ] && init_of[$pid]=${service_of[$instance]}
-    done < <(listed_instances)
+    done
     for ((i = 0; i < 64; i++)); do
         [ -n "${init_of[$p]:-}" ] && { OWNER=${init_of[$p]}; return 0; }
         parent_of "$p" || return 1
@@ -127,7 +129,8 @@ wait_listening() {
         missing=("${still[@]}")
         [ ${#missing[@]} -eq 0 ] && return 0
         if ! service_running; then
-            echo "exited before it listened on ${missing[*]} (exit code $(exit_code))"
+            exit_code
+            echo "exited before it listened on ${missing[*]} (exit code $EXIT_CODE)"
             return 1
         fi
         if ((SECONDS >= deadline)); then
@@ -278,7 +281,7 @@ record_truth() {
     if [ ${#lines[@]} -gt 0 ]; then
         printf '%s\n' "${lines[@]}" >"$RUNDIR/$me.truth"
     else
-        rm -f "$RUNDIR/$me.truth"
+        remove_files "$RUNDIR/$me.truth"
     fi
 }
 
