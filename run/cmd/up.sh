@@ -125,6 +125,7 @@ on_stop_signal() {
 # through the login node (compute nodes are rarely reachable directly).
 print_entry_points() {
     local entry service scheme address port path node target
+    [ ${#ENTRY_POINTS[@]} -gt 0 ] || return 0  # (no hostname to ask, which may be a DNS lookup)
     node=$(hostname -f 2>/dev/null || hostname)
     for entry in "${ENTRY_POINTS[@]}"; do
         read -r service scheme address port path <<<"$entry"
