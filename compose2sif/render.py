@@ -186,7 +186,9 @@ _HELP = """\
 # shellcheck disable=SC2016  # single-quoted $VARs in the data below are for the instances' shells
 set -o pipefail  # not -u: bash 4.2 (RHEL7) treats empty arrays as unset
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+HERE=${BASH_SOURCE[0]%/*}  # its directory (as dirname finds it, without a child process)
+[ "$HERE" != "${BASH_SOURCE[0]}" ] || HERE=.
+HERE=$(cd "${HERE:-/}" && pwd)
 """
 
 

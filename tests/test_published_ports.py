@@ -252,7 +252,7 @@ def test_a_listener_on_another_services_endpoint_names_that_service(project, por
     (tmp_path / "listing.json").write_text(json.dumps({"instances": [{"instance": "x", "pid": init}]}))
     inode = next(l.split()[9] for l in open("/proc/net/tcp").read().splitlines()[1:]
                  if l.split()[1] == "00000000:1B58" and l.split()[3] == "0A")
-    who = run_lib(tmp_path, f'listed_instances() {{ echo "$(load_service bare; echo "$S_INSTANCE") {init}"; }}; '
+    who = run_lib(tmp_path, f'listed_instances() {{ LISTED=(["$(load_service bare; echo "$S_INSTANCE")"]={init}); }}; '
                          f'load_service local && describe_holder {os.getuid()} {inode} && echo "$HOLDER"')
     assert who.stdout.startswith("service bare of this project (pid "), who.stdout + who.stderr
 

@@ -9,7 +9,7 @@ cmd_down() {
     [ "${1:-}" = -v ] || [ "${1:-}" = --volumes ] && volumes=1
     take_project_lock down
     detect_runtime --images-only  # (down runs no image: the rest of the probing is not needed)
-    mkdir -p "$RUNDIR"
+    make_dirs "$RUNDIR"
     stop_supervisor
     list_instances
     clean_stale down
@@ -29,7 +29,7 @@ cmd_down() {
     done
     wait_ended "${starters[@]}"
     [ ${#starters[@]} -gt 0 ] && "$RT" instance list >/dev/null 2>&1  # it deletes the records of the instances killed
-    rm -f "${statuses[@]}"
+    remove_files "${statuses[@]}"
     # what the services wrote into their images (every overlay is one of this project's services)
     if [ -e "$STATE/overlay" ]; then
         chmod -R u+rwx "$STATE/overlay" 2>/dev/null

@@ -14,13 +14,14 @@ cmd_logs() {
     load_service "$name"
     # a service that has not started since `up` has no output of this run: the runtime's log files
     # then hold an earlier run's (it keeps them after `down`)
-    if [ ! -e "$(logs_mark "$name")" ] && { [ "$S_ONESHOT" = 1 ] || ! service_running; }; then
+    if [ ! -e "$RUNDIR/$name.logs" ] && { [ "$S_ONESHOT" = 1 ] || ! service_running; }; then
         die "$name has not run since \`up\`"
     fi
     if [ "$S_ONESHOT" = 1 ]; then
         files=("$STATE/logs/$name.log")
     else
-        while IFS= read -r f; do [ -n "$f" ] && [ -e "$f" ] && files+=("$f"); done < <(log_paths)
+        log_paths
+        for f in "${LOG_PATHS[@]}"; do [ -n "$f" ] && [ -e "$f" ] && files+=("$f"); done
     fi
     [ ${#files[@]} -gt 0 ] || die "no logs for $name yet"
     if [ "$follow" = 1 ]; then tail -n +1 -F "${files[@]}"; else cat "${files[@]}"; fi

@@ -12,7 +12,7 @@ cmd_ps() {
     PS_JSON=0 PS_ROWS=()
     [ "${1:-}" = --format ] && [ "${2:-}" = json ] && PS_JSON=1
     detect_runtime --images-only
-    mkdir -p "$RUNDIR"
+    make_dirs "$RUNDIR"
     list_instances
     for i in "${!SERVICES[@]}"; do
         load_service "${SERVICES[i]}"

@@ -11,7 +11,7 @@ cmd_restart() {
     prepare_state
     if [ ${#names[@]} -eq 0 ]; then
         for name in "${SERVICES[@]}"; do
-            [ -e "$(status_file "$name")" ] && names+=("$name")
+            [ -e "$RUNDIR/$name.status" ] && names+=("$name")
         done
         if [ ${#names[@]} -eq 0 ]; then
             note "restart: no service was started since \`down\` (up starts them)"
@@ -21,7 +21,7 @@ cmd_restart() {
     for name in "${names[@]}"; do
         stop_service "$name"
         load_service "$name"
-        start_service "$name" restart || { echo "run.sh: $name: $(get_status "$name")" >&2; failed=1; }
+        start_service "$name" restart || { get_status "$name"; echo "run.sh: $name: $STATUS" >&2; failed=1; }
     done
     return "$failed"
 }

@@ -22,7 +22,7 @@ cmd_up() {
     mapfile -t names < <(closure "${names[@]}")
     refuse_untraceable "${names[@]}" || { echo "run.sh: up: nothing was started" >&2; return 1; }
     for name in "${names[@]}"; do
-        rm -f "$(status_file "$name")" "$RUNDIR/$name.timeline" "$RUNDIR/$name.progress" "$RUNDIR/$name.truth"
+        remove_files "$RUNDIR/$name.status" "$RUNDIR/$name.timeline" "$RUNDIR/$name.progress" "$RUNDIR/$name.truth"
         probe_fakeroot "$name"
     done
     assign_gpus "${names[@]}"
@@ -45,10 +45,12 @@ cmd_up() {
     local pid
     for pid in "${pids[@]}"; do wait "$pid" || true; done
     for name in "${names[@]}"; do
-        case "$(get_status "$name")" in failed*) nap 1; break ;; esac  # let the runtime flush the logs
+        get_status "$name"
+        case "$STATUS" in failed*) nap 1; break ;; esac  # let the runtime flush the logs
     done
     for name in "${names[@]}"; do
-        st=$(get_status "$name")
+        get_status "$name"
+        st=$STATUS
         case "$st" in
             failed*)
                 failed=1
@@ -70,7 +72,8 @@ cmd_up() {
     # written, or it vanished) is not up: say which, and fail as for a failed start
     list_instances
     for name in "${names[@]}"; do
-        case "$(get_status "$name")" in failed* | completed*) continue ;; esac
+        get_status "$name"
+        case "$STATUS" in failed* | completed*) continue ;; esac
         load_service "$name"
         service_state
         if [ "$STATE_NOW" = absent ]; then
@@ -122,6 +125,7 @@ on_stop_signal() {
 # through the login node (compute nodes are rarely reachable directly).
 print_entry_points() {
     local entry service scheme address port path node target
+    [ ${#ENTRY_POINTS[@]} -gt 0 ] || return 0  # (no hostname to ask, which may be a DNS lookup)
     node=$(hostname -f 2>/dev/null || hostname)
     for entry in "${ENTRY_POINTS[@]}"; do
         read -r service scheme address port path <<<"$entry"

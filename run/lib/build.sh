@@ -62,7 +62,8 @@ build_one() {
     local force=${C2S_FORCE_BUILD:-0} ref want="" source
     # An image built FROM another image of the project is out of date when that one changed: its
     # digest covers the base's digest and the registry digest the base was pulled at.
-    digest=$(image_digest "$key")
+    image_digest "$key"
+    digest=$DIGEST
     cached="$SIF_CACHE/$digest.sif"
     if [ "$pull" = 1 ] && ref=$(registry_tag "$def"); then
         build_state "$key" "checking $ref"
@@ -79,22 +80,23 @@ build_one() {
         return 0
     fi
     if [ -f "$sif" ] && [ "$(cat "$sif.digest" 2>/dev/null)" = "$digest" ] && [ "$force" != 1 ] &&
-        { [ -z "$want" ] || [ "$(first_line "$sif.source")" = "$want" ]; }; then
+        { [ -z "$want" ] || { first_line "$sif.source" && [ "$FIRST_LINE" = "$want" ]; }; }; then
         build_state "$key" "up to date"
         return 0
     fi
-    if [ -f "$cached" ] && [ "$force" != 1 ] && { [ -z "$want" ] || [ "$(first_line "$cached.source")" = "$want" ]; }; then
+    if [ -f "$cached" ] && [ "$force" != 1 ] && { [ -z "$want" ] || { first_line "$cached.source" && [ "$FIRST_LINE" = "$want" ]; }; }; then
         link_sif "$cached" "$sif" "$digest"
         build_state "$key" "taken from $SIF_CACHE"
         return 0
     fi
     source=$(registry_source "$key") || source=$def
-    if grep -q '^%post' "$def" && [ "$(id -u)" != 0 ]; then
+    if grep -q '^%post' "$def" && [ "$EUID" != 0 ]; then
         flags+=(--fakeroot)
     fi
     log="$STATE/logs/build-$key.log"
     if [ -n "$want" ] && [ -f "$sif.source" ]; then
-        build_state "$key" "$ref moved: $(first_line "$sif.source") -> ${want##*@}"
+        first_line "$sif.source"
+        build_state "$key" "$ref moved: $FIRST_LINE -> ${want##*@}"
     elif [ -n "$want" ]; then
         build_state "$key" "$ref: no digest kept from an earlier pull: building it again"
     fi
@@ -160,13 +162,16 @@ start_script_flags() {
 }
 
 # What build_one keeps beside image $1's SIF (sif/KEY.sif.digest): the digest of its definition
-# and, for an image built FROM another image of the project, of that one's digest and source.
+# and, for an image built FROM another image of the project, of that one's digest and source; in
+# DIGEST.
+DIGEST=""
 image_digest() {
     local base
     image_bases "$1"
-    { cat "$HERE/definitions/$1.def" && for base in "${BASES_OF[@]}"; do
+    DIGEST=$({ cat "$HERE/definitions/$1.def" && for base in "${BASES_OF[@]}"; do
         cat "$HERE/sif/$base.sif.digest" && { cat "$HERE/sif/$base.sif.source" 2>/dev/null || true; }
-    done; } | sha256sum | cut -d' ' -f1
+    done; } | sha256sum)
+    DIGEST=${DIGEST%% *}
 }
 
 # A SIF put at sif/KEY.sif by hand (built elsewhere and copied here): no record of ours beside it.
@@ -177,7 +182,7 @@ sif_dropped() { [ -f "$HERE/sif/$1.sif" ] && [ ! -e "$HERE/sif/$1.sif.digest" ];
 # fakeroot needs a user namespace: a setuid runtime on a node with user namespaces off has none.
 can_fakeroot() {
     local max=0
-    [ "$(id -u)" = 0 ] && return 0
+    [ "$EUID" = 0 ] && return 0
     if command -v unshare >/dev/null 2>&1; then
         unshare --user true >/dev/null 2>&1
         return
@@ -199,8 +204,9 @@ refuse_unbuildable() {
         registry_source "$key" >/dev/null && continue  # (no definition file to build)
         if [ "$force" != 1 ]; then
             sif_dropped "$key" && continue
-            digest=$(image_digest "$key" 2>/dev/null)
-            [ -f "$HERE/sif/$key.sif" ] && [ "$(first_line "$HERE/sif/$key.sif.digest")" = "$digest" ] && continue
+            image_digest "$key" 2>/dev/null
+            digest=$DIGEST
+            [ -f "$HERE/sif/$key.sif" ] && first_line "$HERE/sif/$key.sif.digest" && [ "$FIRST_LINE" = "$digest" ] && continue
             [ -n "$SIF_CACHE" ] && [ -f "$SIF_CACHE/$digest.sif" ] && continue
         fi
         blocked+=("$key")
@@ -285,11 +291,11 @@ build_images() {
     BUILD_FAILED=() BUILD_LOGS=()
     detect_runtime --images-only
     prepare_state
-    mkdir -p "$HERE/sif"
+    make_dirs "$HERE/sif"
     choose_storage
     if [ -t 2 ] && [ "${TERM:-dumb}" != dumb ]; then
         LIVE=1 BUILD_KEYS=("$@")
-        for key in "$@"; do rm -f "$RUNDIR/build-$key.state"; done
+        for key in "$@"; do remove_files "$RUNDIR/build-$key.state"; done
     fi
     refuse_unbuildable "${C2S_FORCE_BUILD:-0}" "$@"
     todo=("$@")

@@ -10,18 +10,65 @@ version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" = "$2" ]
 
 # rm -rf only what lies inside the output directory once its parent is resolved: a link planted
 # there must not send a delete elsewhere (a link itself is removed, not followed).
+ROOT_REAL=""
 rm_inside() {
-    local path parent root
-    root=$(cd "$HERE" && pwd -P)
+    local path parent
+    [ -n "$ROOT_REAL" ] || ROOT_REAL=$(cd "$HERE" && pwd -P)
     for path in "$@"; do
         [ -e "$path" ] || [ -L "$path" ] || continue
-        parent=$(readlink -m -- "$(dirname -- "$path")") || die "cannot resolve $path"
-        case "$parent/$(basename -- "$path")" in
+        split_path "$path"
+        parent=$(readlink -m -- "$PATH_DIR") || die "cannot resolve $path"
+        case "$parent/$PATH_BASE" in
             */. | */..) die "refusing to delete $path" ;;
-            "$root"/?*) rm -rf -- "${parent:?}/$(basename -- "$path")" ;;
-            *) die "refusing to delete $path: it lies in $parent, outside $root" ;;
+            "$ROOT_REAL"/?*) rm -rf -- "${parent:?}/$PATH_BASE" ;;
+            *) die "refusing to delete $path: it lies in $parent, outside $ROOT_REAL" ;;
         esac
     done
+}
+
+# dirname and basename of path $1 without a child process, in PATH_DIR and PATH_BASE.
+PATH_DIR="" PATH_BASE=""
+split_path() {
+    local p=$1
+    p=${p%"${p##*[!/]}"}  # its trailing slashes go
+    if [ -z "$p" ]; then  # "/" (or "//..."), or ""
+        if [ -n "$1" ]; then PATH_DIR=/ PATH_BASE=/; else PATH_DIR=. PATH_BASE=""; fi
+        return 0
+    fi
+    PATH_BASE=${p##*/}
+    case "$p" in
+        */*)
+            PATH_DIR=${p%/*}
+            PATH_DIR=${PATH_DIR%"${PATH_DIR##*[!/]}"}
+            [ -n "$PATH_DIR" ] || PATH_DIR=/
+            ;;
+        *) PATH_DIR=. ;;
+    esac
+}
+
+# rm -f of the given paths, run only where one of them is there (most often none is: no child
+# process then).
+remove_files() {
+    local path
+    for path in "$@"; do
+        if [ -e "$path" ] || [ -L "$path" ]; then
+            rm -f "$@"
+            return
+        fi
+    done
+    return 0
+}
+
+# mkdir -p of the given directories, run only where one of them is not a directory yet.
+make_dirs() {
+    local dir
+    for dir in "$@"; do
+        if [ ! -d "$dir" ]; then
+            mkdir -p "$@"
+            return
+        fi
+    done
+    return 0
 }
 
 # The directories run.sh writes in are real directories of the output dir, never planted links.
@@ -42,10 +89,17 @@ json_str() {
     JSON_STR="\"$s\""
 }
 
-abs() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$HERE/$1" ;; esac; }
+# Path $1 of the output directory made absolute, in ABS.
+ABS=""
+abs() { case "$1" in /*) ABS=$1 ;; *) ABS=$HERE/$1 ;; esac; }
 
-# The first line of a file, read without a child process ("" when there is none).
-first_line() { local line=""; { IFS= read -r line || true; } 2>/dev/null <"$1"; printf '%s' "$line"; }
+# The first line of file $1, read without a child process, in FIRST_LINE ("" when there is none).
+FIRST_LINE=""
+first_line() { FIRST_LINE=""; { IFS= read -r FIRST_LINE || true; } 2>/dev/null <"$1"; }
+
+# The user's name (the runtime keeps an instance's logs under it), in USER_NAME: asked once.
+USER_NAME=""
+user_name() { [ -n "$USER_NAME" ] || USER_NAME=$(id -un); }
 
 # Sleep without a child process: read's timeout on a FIFO that nobody writes to (opened
 # read-write, so the open does not block). Polling loops use this, so they cost no fork.

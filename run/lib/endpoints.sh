@@ -30,10 +30,13 @@ endpoint_listeners() {
         }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
 }
 
-# The required endpoints of this service (the others may never be opened).
+# The required endpoints of this service (the others may never be opened), in REQUIRED.
+REQUIRED=()
 required_endpoints() {
     local e
-    for e in "${S_ENDPOINTS[@]}"; do [ "${e%\?}" = "$e" ] && printf '%s\n' "$e"; done
+    REQUIRED=()
+    for e in "${S_ENDPOINTS[@]}"; do [ "${e%\?}" = "$e" ] && REQUIRED+=("$e"); done
+    return 0
 }
 
 # Who holds socket $2 of uid $1, in HOLDER: a service of this project (a process of its instance,
@@ -67,16 +70,18 @@ project_service_of() {
     for name in "${SERVICES[@]}"; do
         while read -r pid start rest; do
             [ "$pid" = "$1" ] && same_process "$pid" "$start" && OWNER=$name
-        done 2>/dev/null <"$(forward_record "$name")"
+        done 2>/dev/null <"$RUNDIR/$name.forward"
         load_service "$name"
         service_of[$S_INSTANCE]=$name
     done
     [ -n "$loaded" ] && load_service "$loaded"
     [ -n "$OWNER" ] && return 0
     declare -A init_of=()
-    while read -r instance pid; do
+    listed_instances
+    for instance in "${!LISTED[@]}"; do
+        pid=${LISTED[$instance]}
         [ -n "${service_of[$instance]:-}" ] && init_of[$pid]=${service_of[$instance]}
-    done < <(listed_instances)
+    done
     for ((i = 0; i < 64; i++)); do
         [ -n "${init_of[$p]:-}" ] && { OWNER=${init_of[$p]}; return 0; }
         parent_of "$p" || return 1
@@ -96,7 +101,8 @@ endpoints_taken() {
         load_service "$name"
         [ "$S_ONESHOT" = 1 ] && continue
         service_running && continue
-        while read -r e; do owner[$e]=$name endpoints+=("$e"); done < <(required_endpoints)
+        required_endpoints
+        for e in "${REQUIRED[@]}"; do owner[$e]=$name endpoints+=("$e"); done
         live_forwarders "$name"  # (one left running by an earlier `up` serves again)
         for ((i = 0; i < ${#S_FORWARDS[@]}; i += 2)); do
             e=${S_FORWARDS[i]}
@@ -117,7 +123,8 @@ endpoints_taken() {
 # Prints why not when it fails.
 wait_listening() {
     local deadline=$((SECONDS + $1)) missing=() still=() e heard
-    mapfile -t missing < <(required_endpoints)
+    required_endpoints
+    missing=("${REQUIRED[@]}")
     while [ ${#missing[@]} -gt 0 ]; do
         heard=$'\n'$(endpoint_listeners "${missing[@]}")$'\n'
         still=()
@@ -127,7 +134,8 @@ wait_listening() {
         missing=("${still[@]}")
         [ ${#missing[@]} -eq 0 ] && return 0
         if ! service_running; then
-            echo "exited before it listened on ${missing[*]} (exit code $(exit_code))"
+            exit_code
+            echo "exited before it listened on ${missing[*]} (exit code $EXIT_CODE)"
             return 1
         fi
         if ((SECONDS >= deadline)); then
@@ -190,20 +198,33 @@ wildcard_listeners_of_others() {
 # socket descriptors (/proc/PID/fd) matched with /proc/net/tcp{,6}.
 LISTENING=()
 service_listeners() {
-    local dirs=() inodes
+    local dirs=() inodes tree i f kids
     LISTENING=()
     [ -n "$IPID" ] || return 0
-    # (cat, not awk, reads /proc/*/stat: a process that ends meanwhile would stop mawk)
-    mapfile -t dirs < <(cat /proc/[0-9]*/stat 2>/dev/null | awk -v root="$IPID" '
-        { line = $0; sub(/.*\) /, "", line); split(line, f, " "); kids[f[2]] = kids[f[2]] " " $1 }
-        END {
-            queue[1] = root; n = 1
-            for (i = 1; i <= n; i++) {
-                print "/proc/" queue[i] "/fd"
-                m = split(kids[queue[i]], k, " ")
-                for (j = 1; j <= m; j++) queue[++n] = k[j]
-            }
-        }')
+    if [ -e "/proc/$IPID/task/$IPID/children" ]; then
+        # where the kernel lists each thread's children: down the tree from the init, no child process
+        tree=("$IPID")
+        for ((i = 0; i < ${#tree[@]}; i++)); do
+            dirs+=("/proc/${tree[i]}/fd")
+            for f in /proc/"${tree[i]}"/task/*/children; do
+                kids=()
+                { read -r -a kids || true; } 2>/dev/null <"$f"
+                tree+=("${kids[@]}")
+            done
+        done
+    else
+        # (cat, not awk, reads /proc/*/stat: a process that ends meanwhile would stop mawk)
+        mapfile -t dirs < <(cat /proc/[0-9]*/stat 2>/dev/null | awk -v root="$IPID" '
+            { line = $0; sub(/.*\) /, "", line); split(line, f, " "); kids[f[2]] = kids[f[2]] " " $1 }
+            END {
+                queue[1] = root; n = 1
+                for (i = 1; i <= n; i++) {
+                    print "/proc/" queue[i] "/fd"
+                    m = split(kids[queue[i]], k, " ")
+                    for (j = 1; j <= m; j++) queue[++n] = k[j]
+                }
+            }')
+    fi
     inodes=$(find "${dirs[@]}" -maxdepth 1 -lname 'socket:\[*' -printf '%l ' 2>/dev/null)
     [ -n "$inodes" ] || return 0
     mapfile -t LISTENING < <(awk -v inodes="$inodes" "$TCP_AWK"'
@@ -278,7 +299,7 @@ record_truth() {
     if [ ${#lines[@]} -gt 0 ]; then
         printf '%s\n' "${lines[@]}" >"$RUNDIR/$me.truth"
     else
-        rm -f "$RUNDIR/$me.truth"
+        remove_files "$RUNDIR/$me.truth"
     fi
 }
 

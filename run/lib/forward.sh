@@ -6,8 +6,6 @@
 # service's forwarders are recorded in RUNDIR/NAME.forward, one line "PID START LISTEN TARGET",
 # so that `down`, `ps` and a second `up` know them (a pid alone may name another process later).
 
-forward_record() { printf '%s' "$RUNDIR/$1.forward"; }
-
 # The live forwarders of service $1, in FORWARD_PID (LISTEN -> pid) and FORWARD_LINES (its records).
 declare -A FORWARD_PID=()
 FORWARD_LINES=()
@@ -18,7 +16,7 @@ live_forwarders() {
         same_process "$pid" "$start" || continue
         FORWARD_PID[$at]=$pid
         FORWARD_LINES+=("$pid $start $at $to")
-    done 2>/dev/null <"$(forward_record "$1")"
+    done 2>/dev/null <"$RUNDIR/$1.forward"
     return 0
 }
 
@@ -41,7 +39,7 @@ start_forwarders() {
         pid=$!
         proc_start "$pid" || PROC_START=0
         records+=("$pid $PROC_START $at $to")
-        printf '%s\n' "${records[@]}" >"$(forward_record "$S_NAME")"
+        printf '%s\n' "${records[@]}" >"$RUNDIR/$S_NAME.forward"
         for ((t = 0; t < 100; t++)); do  # up to 5 s
             grep -q "^$at " < <(endpoint_listeners "$at") && kill -0 "$pid" 2>/dev/null && break
             if ! kill -0 "$pid" 2>/dev/null; then
@@ -69,5 +67,5 @@ stop_forwarders() {
     live_forwarders "$1"
     for line in "${FORWARD_LINES[@]}"; do FORWARDERS_ENDED+=("${line%% *}"); done
     [ ${#FORWARDERS_ENDED[@]} -gt 0 ] && kill -TERM "${FORWARDERS_ENDED[@]}" 2>/dev/null
-    rm -f "$(forward_record "$1")"
+    remove_files "$RUNDIR/$1.forward"
 }

@@ -10,10 +10,12 @@
 # ENTERED=1 when this ran the probe.
 NSENTER="" TIMEOUT="" ENTERED=0 EXPORTED=()
 probe_tools() {
-    local v
     [ -z "$NSENTER" ] || return 0
     NSENTER=none
-    if runtime_mode && [ "$RT_MODE" != setuid ] && v=$(command -v nsenter) && TIMEOUT=$(command -v timeout); then NSENTER=$v; fi
+    # (hash finds them on PATH as `command -v` does, and BASH_CMDS keeps where, without a subshell)
+    if runtime_mode && [ "$RT_MODE" != setuid ] && hash nsenter timeout 2>/dev/null; then
+        NSENTER=${BASH_CMDS[nsenter]} TIMEOUT=${BASH_CMDS[timeout]}
+    fi
     mapfile -t EXPORTED < <(compgen -e)  # what a probe's environment drops
 }
 
@@ -131,7 +133,8 @@ wait_healthy() {
     reason=$(wait_listening "$window") || { echo "$reason"; return 1; }
     while :; do
         if ! service_running; then
-            echo "exited while its healthcheck was pending (exit code $(exit_code))"
+            exit_code
+            echo "exited while its healthcheck was pending (exit code $EXIT_CODE)"
             return 1
         fi
         if health_once; then

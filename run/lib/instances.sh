@@ -1,51 +1,59 @@
 # ---- run/lib/instances.sh: the runtime's instances, the state of a service, its logs ----------
 
-# The user's instances as the runtime lists them (only the one named $1, where given): a line
-# "INSTANCE PID" each, from one `instance list --json` (no jq on most nodes).
+# The user's instances as the runtime lists them (only the one named $1, where given), in LISTED
+# (INSTANCE -> PID): one `instance list --json` read by bash itself (no jq on most nodes, and no
+# child process but the runtime), its blanks dropped, each record ("},{" ends one) matched for its
+# last "instance":"NAME","pid":PID.
+declare -A LISTED=()
 listed_instances() {
-    { "$RT" instance list --json ${1:+"$1"} 2>/dev/null | tr -d ' \t\n'; echo; } | sed 's/},{/}\n{/g' |
-        sed -n 's/.*"instance":"\([^"]*\)","pid":\([0-9]*\).*/\1 \2/p'
+    local json record re='.*"instance":"([^"]*)","pid":([0-9]*)'
+    LISTED=()
+    json=$("$RT" instance list --json ${1:+"$1"} 2>/dev/null)
+    json=${json//[ $'\t\n']/}
+    while [ -n "$json" ]; do
+        record=${json%%'},{'*}
+        json=${json:${#record}+3}
+        [[ $record =~ $re ]] && [ -n "${BASH_REMATCH[1]}" ] && LISTED[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
+    done
+    return 0
 }
 
 # The pids of the user's instances, in INSTANCE_PIDS (INSTANCES_LISTED=1 once listed).
 declare -A INSTANCE_PIDS=()
 INSTANCES_LISTED=0
 list_instances() {
-    local name pid
+    local name
+    listed_instances
     INSTANCE_PIDS=()
-    while read -r name pid; do
-        INSTANCE_PIDS[$name]=$pid
-    done < <(listed_instances)
+    for name in "${!LISTED[@]}"; do INSTANCE_PIDS[$name]=${LISTED[$name]}; done
     INSTANCES_LISTED=1
     list_children
 }
 
-# The first child of every listed instance's init (its start script), for child_of: one grep of
-# every thread's list of children, not a read of each (an init has several threads).
+# The first child of every listed instance's init (its start script), for child_of: the first
+# thread's list of children that names one (an init has several threads), read without a child process.
 list_children() {
-    local files=() pid path kids
-    declare -A seen=()
-    for pid in "${INSTANCE_PIDS[@]}"; do files+=(/proc/"$pid"/task/*/children); done
-    [ ${#files[@]} -gt 0 ] || return 0
-    while IFS=: read -r path kids; do
-        pid=${path#/proc/} kids=${kids# }
-        pid=${pid%%/*}
-        [ -n "$kids" ] && [ -z "${seen[$pid]:-}" ] && seen[$pid]=1 CHILD_OF[$pid]=${kids%% *}
-    done < <(grep -H . "${files[@]}" 2>/dev/null)
+    local pid f kids
+    for pid in "${INSTANCE_PIDS[@]}"; do
+        for f in /proc/"$pid"/task/*/children; do
+            kids=""
+            { read -r kids || true; } 2>/dev/null <"$f"
+            kids=${kids# }
+            [ -n "$kids" ] && { CHILD_OF[$pid]=${kids%% *}; break; }
+        done
+    done
+    return 0
 }
 
 # The pid of this service's instance, in IPID: from the last listing when there is one, else
 # from a listing of its own.
 IPID=""
 instance_pid() {
-    local name pid
     if [ "$INSTANCES_LISTED" = 1 ]; then
         IPID=${INSTANCE_PIDS[$S_INSTANCE]:-}
     else
-        IPID=""
-        while read -r name pid; do
-            [ "$name" = "$S_INSTANCE" ] && IPID=$pid
-        done < <(listed_instances "$S_INSTANCE")
+        listed_instances "$S_INSTANCE"
+        IPID=${LISTED[$S_INSTANCE]:-}
     fi
 }
 
@@ -140,40 +148,44 @@ service_state() {
 }
 service_running() { service_state; [ "$STATE_NOW" = running ]; }
 
-# The exit code the loaded service's command left (its launch line writes it), "" before it ends.
-exit_code() { first_line "$(tmp_dir)/.c2s-exit"; }
-tmp_dir() { printf '%s' "$(abs "$S_TMP")"; }
+# The exit code the loaded service's command left (its launch line writes it), "" before it ends,
+# in EXIT_CODE.
+EXIT_CODE=""
+exit_code() { abs "$S_TMP"; first_line "$ABS/.c2s-exit"; EXIT_CODE=$FIRST_LINE; }
 
-# The loaded service's output and error logs, a line each: where the runtime's listing says, else
-# where the runtime keeps them ("" when there is none).
+# The loaded service's output and error logs, in LOG_PATHS (two paths, "" for none): where the
+# runtime's listing says, else where the runtime keeps them.
+LOG_PATHS=()
 log_paths() {
-    local json out err base
-    json=$("$RT" instance list --json "$S_INSTANCE" 2>/dev/null | tr -d '\n')
-    out=$(printf '%s' "$json" | sed -n 's/.*"logOutPath": *"\([^"]*\)".*/\1/p')
-    err=$(printf '%s' "$json" | sed -n 's/.*"logErrPath": *"\([^"]*\)".*/\1/p')
+    local json out="" err="" base
+    json=$("$RT" instance list --json "$S_INSTANCE" 2>/dev/null)
+    json=${json//$'\n'/}
+    [[ $json =~ .*\"logOutPath\":\ *\"([^\"]*)\" ]] && out=${BASH_REMATCH[1]}
+    [[ $json =~ .*\"logErrPath\":\ *\"([^\"]*)\" ]] && err=${BASH_REMATCH[1]}
     if [ -z "$out" ]; then
+        user_name
         for base in "${APPTAINER_CONFIGDIR:-$HOME/.apptainer}" "${SINGULARITY_CONFIGDIR:-$HOME/.singularity}"; do
-            for out in "$base"/instances/logs/*/"$(id -un)"/"$S_INSTANCE".out; do
+            for out in "$base"/instances/logs/*/"$USER_NAME"/"$S_INSTANCE".out; do
                 [ -e "$out" ] && { err=${out%.out}.err; break 2; }
             done
             out=""
         done
     fi
-    printf '%s\n%s\n' "$out" "$err"
+    LOG_PATHS=("$out" "$err")
 }
 
 # Apptainer appends to an instance's log files; a fresh start gets fresh logs.
 clear_logs() {
     local base
+    user_name
     for base in "${APPTAINER_CONFIGDIR:-$HOME/.apptainer}" "${SINGULARITY_CONFIGDIR:-$HOME/.singularity}"; do
-        rm -f "$base"/instances/logs/*/"$(id -un)"/"$S_INSTANCE".out "$base"/instances/logs/*/"$(id -un)"/"$S_INSTANCE".err
+        remove_files "$base"/instances/logs/*/"$USER_NAME"/"$S_INSTANCE".out "$base"/instances/logs/*/"$USER_NAME"/"$S_INSTANCE".err
     done
 }
 
-# Made when start_service starts service $1 (or finds it running), its logs cleared: the logs
-# where the runtime keeps them are this run's, not those of an earlier run that the runtime keeps
-# after `down` (cmd_logs).
-logs_mark() { printf '%s' "$RUNDIR/$1.logs"; }
+# RUNDIR/NAME.logs is made when start_service starts service NAME (or finds it running), its logs
+# cleared: the logs where the runtime keeps them are this run's, not those of an earlier run that
+# the runtime keeps after `down` (cmd_logs).
 
 # The last $1 (20) lines of the loaded service's logs.
 log_tail() {
@@ -182,7 +194,8 @@ log_tail() {
         tail -n "$n" "$STATE/logs/$S_NAME.log" 2>/dev/null
         return
     fi
-    while IFS= read -r f; do
+    log_paths
+    for f in "${LOG_PATHS[@]}"; do
         [ -n "$f" ] && [ -e "$f" ] && tail -n "$n" "$f"
-    done < <(log_paths)
+    done
 }

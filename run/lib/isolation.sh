@@ -13,8 +13,8 @@ LOOPBACK="$HERE/bin/c2s-loopback"
 LOOPBACK_IN=/.c2s/loopback RECORDS_IN=/.c2s/records
 ISOLATION="" ISOLATION_WHY=""
 
-# Each service's relocations, one "KIND PROTO FROM TO" line each, written by its tracers.
-records_dir() { printf '%s' "$RUNDIR/loopback"; }
+# Each service's relocations, one "KIND PROTO FROM TO" line each, written by its tracers, are in
+# RUNDIR/loopback/NAME.
 
 # Whether the loaded service runs under the tracer: in intercept mode, unless it asked for the
 # node's network as it is (network_mode: host), which is what it gets, or a batch job runs it
@@ -61,7 +61,7 @@ choose_isolation() {
         auto | intercept | plan) ;;
         *) die "C2S_PORT_ISOLATION=$requested: give auto, intercept or plan" ;;
     esac
-    mkdir -p "$(records_dir)"
+    make_dirs "$RUNDIR/loopback"
     if [ "$requested" = plan ]; then
         keep_isolation plan plan "C2S_PORT_ISOLATION=plan"
         return 0
@@ -96,9 +96,6 @@ choose_isolation() {
     return 0
 }
 
-# A word for the tracer's /bin/sh command line, quoted for it whatever it holds.
-sh_word() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
-
 # The tracer's words for the loaded service: --addr, a --keep for each port published on its own
 # number (the node's clients reach it on every address, as Docker publishes it), --record, --peers
 # (and $@ before them).
@@ -117,23 +114,27 @@ tracer_words() {
 # image's start script as it is).
 loopback_start_flags() {
     traced_service || return 1
-    local key=${S_SIF##*/} line in=0 entry wrapper word
+    local key=${S_SIF##*/} lines=() line i entry wrapper word
     key=${key%.sif}
     entry="$RUNDIR/$key.entry" wrapper="$RUNDIR/$S_NAME.traced"
-    grep -qx %startscript "$HERE/definitions/$key.def" 2>/dev/null || return 1
+    # the definition's lines, each with its newline (a last line without one is not taken)
+    { mapfile lines <"$HERE/definitions/$key.def"; } 2>/dev/null || return 1
+    for ((i = 0; i < ${#lines[@]}; i++)); do
+        [ "${lines[i]%$'\n'}" = %startscript ] && break
+    done
+    ((i < ${#lines[@]})) || return 1
     {
         printf '#!/bin/sh\n\n'
-        while IFS= read -r line; do
-            if [ "$in" = 1 ]; then printf '%s\n' "$line"; elif [ "$line" = %startscript ]; then in=1; fi
-        done <"$HERE/definitions/$key.def"
+        for line in "${lines[@]:i+1}"; do if [[ $line == *$'\n' ]]; then printf '%s' "$line"; fi; done
     } >"$entry.$BASHPID" && mv -f "$entry.$BASHPID" "$entry" || return 1
     tracer_words --block "$LOOPBACK_BLOCK"
     {
         printf '#!/bin/sh\n# compose2sif: the start script under the per-service loopback (run/lib/isolation.sh)\nexec'
-        for word in "${TRACER_WORDS[@]}" -- /bin/sh /.c2s/entry; do printf ' %s' "$(sh_word "$word")"; done
+        # each word quoted for /bin/sh whatever it holds: in single quotes, a ' as '\''
+        for word in "${TRACER_WORDS[@]}" -- /bin/sh /.c2s/entry; do printf " '%s'" "${word//\'/\'\\\'\'}"; done
         printf ' "$@"\n'
     } >"$wrapper.$BASHPID" && chmod 0755 "$wrapper.$BASHPID" && mv -f "$wrapper.$BASHPID" "$wrapper" || return 1
-    START_FLAGS+=(--bind "$LOOPBACK:$LOOPBACK_IN:ro" --bind "$(records_dir):$RECORDS_IN"
+    START_FLAGS+=(--bind "$LOOPBACK:$LOOPBACK_IN:ro" --bind "$RUNDIR/loopback:$RECORDS_IN"
         --bind "$entry:/.c2s/entry:ro" --bind "$wrapper:/.singularity.d/startscript:ro")
 }
 
@@ -142,7 +143,7 @@ loopback_start_flags() {
 # are not where the last run's record put them.
 clear_record() {
     traced_service || return 0
-    : >"$(records_dir)/$S_NAME"
+    : >"$RUNDIR/loopback/$S_NAME"
     load_service "$S_NAME"
 }
 
@@ -169,7 +170,7 @@ relocated_port() {
         to=${to#[} to=${to/]/} to=${to#::ffff:}
         RELOCATED=$to
         return 0
-    done 2>/dev/null <"$(records_dir)/$S_NAME"
+    done 2>/dev/null <"$RUNDIR/loopback/$S_NAME"
     return 1
 }
 
@@ -226,7 +227,8 @@ wait_relocated() {
         done
         [ -z "$missing" ] && return 0
         if ! service_running; then
-            echo "exited before it bound its published port(s)$missing (exit code $(exit_code))"
+            exit_code
+            echo "exited before it bound its published port(s)$missing (exit code $EXIT_CODE)"
             return 1
         fi
         if ((SECONDS >= deadline)); then
@@ -244,7 +246,7 @@ relocation_lines() {
     for name in "$@"; do
         while read -r kind rest; do
             case "$kind" in bind | park) printf '%s: %s %s\n' "$name" "$kind" "$rest" ;; esac
-        done 2>/dev/null <"$(records_dir)/$name"
+        done 2>/dev/null <"$RUNDIR/loopback/$name"
     done
 }
 

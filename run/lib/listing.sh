@@ -28,8 +28,8 @@ ps_row() {
     local i=$1 st=$2 health=$3 status="" rc="" e k ports="" addresses="" quoted="" forwards="" truth="" cells=() row
     { IFS= read -r status || true; } 2>/dev/null <"$RUNDIR/$S_NAME.status"
     if [ "$st" != running ]; then
-        case "$S_TMP" in /*) e=$S_TMP ;; *) e=$HERE/$S_TMP ;; esac  # (tmp_dir, without a subshell)
-        { IFS= read -r rc || true; } 2>/dev/null <"$e/.c2s-exit"
+        exit_code
+        rc=$EXIT_CODE
     fi
     if [ "$S_ONESHOT" = 1 ]; then
         case "$status" in

@@ -9,7 +9,7 @@
 LOCK_HELD=0
 take_project_lock() {
     local me holder="" pid start what told=0 tries=0
-    (umask 077 && mkdir -p "$RUNDIR")
+    [ -d "$RUNDIR" ] || (umask 077 && mkdir -p "$RUNDIR")
     proc_start $$
     me="$$ $PROC_START $1"
     until ln -s "$me" "$RUNDIR/lock" 2>/dev/null; do

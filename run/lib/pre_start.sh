@@ -13,12 +13,13 @@
 run_pre_start() {
     local i n sif print done_file log rc last d ran=0 S_ENV=$S_ENV  # (S_ENV: the step's, for runtime_flags)
     [ ${#S_PRE_START[@]} -gt 0 ] || return 0
-    mkdir -p "$STATE/pre_start/$S_NAME"
+    make_dirs "$STATE/pre_start/$S_NAME"
     for ((i = 0; i + 2 < ${#S_PRE_START[@]}; i += 3)); do
         n=$((i / 3))
         sif="$HERE/sif/${S_PRE_START[i]}.sif" S_ENV="$HERE/${S_PRE_START[i + 1]}" print=${S_PRE_START[i + 2]}
         done_file="$STATE/pre_start/$S_NAME/$n" log="$STATE/logs/$S_NAME.pre_start.$n.log"
-        [ "$(first_line "$done_file")" = "$print" ] && continue
+        first_line "$done_file"
+        [ "$FIRST_LINE" = "$print" ] && continue
         rm -f "$done_file"
         if [ ! -f "$sif" ]; then
             set_status "$S_NAME" "failed pre_start[$n]: image $sif is missing (run: ./run.sh build)"
@@ -38,7 +39,7 @@ run_pre_start() {
     done
     # a tmpfs is the container's own: what a step wrote in one is not the service's
     if [ "$ran" = 1 ]; then
-        for d in "${S_EMPTY[@]}"; do rm_inside "$(abs "$d")" && mkdir -p "$(abs "$d")"; done
+        for d in "${S_EMPTY[@]}"; do abs "$d" && rm_inside "$ABS" && mkdir -p "$ABS"; done
     fi
     return 0
 }

@@ -11,9 +11,10 @@ detect_runtime() {
     else
         die "neither apptainer nor singularity is on PATH (try: module load apptainer)"
     fi
-    local line
+    local line help
     line=$("$RT" --version 2>/dev/null) || die "$RT --version failed"
-    RT_VERSION=$(printf '%s\n' "$line" | sed 's/^.*version //; s/[-+].*$//')
+    RT_VERSION=${line##*version }  # "apptainer version 1.4.5-1.el9": 1.4.5
+    RT_VERSION=${RT_VERSION%%[-+]*}
     case "$line" in
         apptainer*) ;;
         *) version_ge "$RT_VERSION" 3.6 || die "$line is too old: --env-file needs Singularity >= 3.6" ;;
@@ -21,7 +22,7 @@ detect_runtime() {
     [ "${1:-}" = --images-only ] && return 0  # building needs neither
     # With --no-eval (Apptainer >= 1.1) values and the image's CMD are taken literally, as Docker
     # does; without it the runtime evaluates them once more, so the escaped env files are used.
-    if "$RT" exec --help 2>/dev/null | grep -- --no-eval >/dev/null; then  # not -q: with pipefail, a SIGPIPE would fail it
+    if help=$("$RT" exec --help 2>/dev/null) && [[ $help == *--no-eval* ]]; then
         EVAL_FLAGS=(--no-eval) ENV_SUFFIX=.env
     else
         EVAL_FLAGS=() ENV_SUFFIX=.eval.env
@@ -71,14 +72,14 @@ writable_root_mode() {
 RT_MODE="" RT_FLAVOUR=""
 runtime_mode() {
     [ -n "$RT_MODE" ] && return 0
-    if [ "$(id -u)" = 0 ]; then
+    if [ "$EUID" = 0 ]; then
         RT_MODE=root
         return 0
     fi
     local bin cache="$RUNDIR/runtime.buildcfg" cfg="" key value flavour="" suid="" libexec=/usr/libexec sysconf=/etc
     local starter allow=yes line
     bin=$(readlink -f "$(command -v "$RT")")
-    if [ -f "$cache" ] && [ "$cache" -nt "$bin" ] && [ "$(first_line "$cache")" = "$bin" ]; then
+    if [ -f "$cache" ] && [ "$cache" -nt "$bin" ] && first_line "$cache" && [ "$FIRST_LINE" = "$bin" ]; then
         cfg=$(tail -n +2 "$cache")
     else
         cfg=$("$RT" buildcfg 2>/dev/null) || cfg=""
@@ -131,7 +132,7 @@ shadow_image_dirs() {
     [ "$RT_MODE" = setuid ] || return 0
     local list="$RUNDIR/${S_SIF##*/}.dirs"
     if ! [ -f "$list" ] || [ "$S_SIF" -nt "$list" ]; then
-        "$RT" exec "$S_SIF" find / -xdev -type d ! -perm -0002 ! -user "$(id -u)" -print0 >"$list.$$" 2>/dev/null
+        "$RT" exec "$S_SIF" find / -xdev -type d ! -perm -0002 ! -user "$EUID" -print0 >"$list.$$" 2>/dev/null
         mv -f "$list.$$" "$list"
     fi
     mkdir -p "$1/upper" "$1/work" || return 0

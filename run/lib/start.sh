@@ -63,7 +63,8 @@ runtime_flags() {
     local b src rest
     for b in "${S_BINDS[@]}"; do
         src=${b%%:*} rest=${b#*:}
-        START_FLAGS+=(--bind "$(abs "$src"):$rest")
+        abs "$src"
+        START_FLAGS+=(--bind "$ABS:$rest")
     done
     for b in "${S_SOCKETS[@]}"; do  # the Docker socket: only where there is one
         [ -S "${b%%:*}" ] && START_FLAGS+=(--bind "$b")
@@ -80,7 +81,7 @@ runtime_flags() {
             ;;
         tmpfs) START_FLAGS+=(--writable-tmpfs) ;;
     esac
-    mkdir -p "$STATE/services/$S_NAME/home"
+    make_dirs "$STATE/services/$S_NAME/home"
     START_FLAGS+=(--home "$STATE/services/$S_NAME/home")
 }
 
@@ -90,7 +91,7 @@ runtime_flags() {
 # plainly and one line says what will not work.
 probe_fakeroot() {
     load_service "$1"
-    rm -f "$RUNDIR/$1.fakeroot"
+    remove_files "$RUNDIR/$1.fakeroot"
     [ -n "$S_FAKEROOT_IDS" ] && [ -f "$S_SIF" ] || return 0
     if "$RT" exec --fakeroot "$S_SIF" sh -c 'cat /proc/self/uid_map; echo --; cat /proc/self/gid_map' 2>/dev/null |
         awk -v want="$S_FAKEROOT_IDS" 'BEGIN { f = 1 } $1 == "--" { f++; next } NF == 3 { n[f]++; s[f, n[f]] = $1; c[f, n[f]] = $3 }
@@ -110,15 +111,19 @@ probe_fakeroot() {
 # does: a file where a file is bound). Prints why when a fill fails.
 prepare_dirs() {
     local d i point
-    for d in "${S_EMPTY[@]}"; do rm_inside "$(abs "$d")"; done
-    for d in "${S_MKDIRS[@]}"; do [ -e "$(abs "$d")" ] || mkdir -p "$(abs "$d")"; done
+    for d in "${S_EMPTY[@]}"; do abs "$d" && rm_inside "$ABS"; done
+    for d in "${S_MKDIRS[@]}"; do abs "$d" && { [ -e "$ABS" ] || mkdir -p "$ABS"; }; done
     for ((i = 0; i < ${#S_FILLS[@]}; i += 2)); do
-        fill_volume "$(abs "${S_FILLS[i]}")" "${S_FILLS[i + 1]}" || return 1
+        abs "${S_FILLS[i]}"
+        fill_volume "$ABS" "${S_FILLS[i + 1]}" || return 1
     done
     for ((i = 0; i < ${#S_MOUNT_POINTS[@]}; i += 2)); do
-        point=$(abs "${S_MOUNT_POINTS[i]}")
-        [ -e "$point" ] || [ -L "$point" ] || [ ! -d "$(dirname -- "$point")" ] && continue
-        if [ -d "$(abs "${S_MOUNT_POINTS[i + 1]}")" ]; then mkdir -p -- "$point"; else : >"$point"; fi
+        abs "${S_MOUNT_POINTS[i]}"
+        point=$ABS
+        split_path "$point"
+        [ -e "$point" ] || [ -L "$point" ] || [ ! -d "$PATH_DIR" ] && continue
+        abs "${S_MOUNT_POINTS[i + 1]}"
+        if [ -d "$ABS" ]; then mkdir -p -- "$point"; else : >"$point"; fi
     done
 }
 
@@ -200,9 +205,8 @@ wait_dependencies() {
 # One service of `up`, started in the background: a failure shows in its progress too.
 up_one() {
     start_service "$1" && return 0
-    local st
-    st=$(get_status "$1")
-    progress "$1" "failed: ${st#failed }"
+    get_status "$1"
+    progress "$1" "failed: ${STATUS#failed }"
     return 1
 }
 
@@ -214,7 +218,7 @@ start_service() {
     local name=$1 reason held i already=0
     load_service "$name"
     [ "${2:-}" = restart ] && S_DEPENDS=()
-    rm -f "$(logs_mark "$name")"  # until it starts, the logs there are an earlier run's
+    remove_files "$RUNDIR/$name.logs"  # until it starts, the logs there are an earlier run's
     [ ${#S_DEPENDS[@]} -gt 0 ] && progress "$name" "waiting for $(depends_text)"
     if ! reason=$(wait_dependencies); then
         set_status "$name" "failed $reason"
@@ -224,7 +228,7 @@ start_service() {
     service_state
     if [ "$STATE_NOW" = running ]; then
         progress "$name" "already running"
-        : >"$(logs_mark "$name")"
+        : >"$RUNDIR/$name.logs"
         already=1
     else
         if [ "$STATE_NOW" = exited ]; then
@@ -244,8 +248,8 @@ start_service() {
             return 1
         fi
         clear_logs
-        : >"$(logs_mark "$name")"
-        rm -f "$RUNDIR/$name.stopped"
+        : >"$RUNDIR/$name.logs"
+        remove_files "$RUNDIR/$name.stopped"
         run_pre_start || return 1  # its pre_start steps, where they have not run (run/lib/pre_start.sh)
         runtime_flags
         clear_record
@@ -269,12 +273,14 @@ start_service() {
         # on a loaded node; an exit code, or no instance after a second, ends the wait early
         for ((i = 0; i < 200; i++)); do
             service_running && break
-            [ -n "$(exit_code)" ] && break
+            exit_code
+            [ -n "$EXIT_CODE" ] && break
             [ "$STATE_NOW" = absent ] && ((i >= 20)) && break
             nap 0.05
         done
         if ! service_running; then
-            set_status "$name" "failed exited right after start (exit code $(exit_code))"
+            exit_code
+            set_status "$name" "failed exited right after start (exit code $EXIT_CODE)"
             return 1
         fi
     fi

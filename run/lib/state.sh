@@ -1,19 +1,37 @@
 # ---- run/lib/state.sh: the state directory, status files, what a killed run left -----------------
 
-status_file() { printf '%s' "$RUNDIR/$1.status"; }
+# Service $1's status (RUNDIR/NAME.status) becomes $2, and its timeline gets a line "TIME WORD".
 set_status() {
-    printf '%s\n' "$2" >"$(status_file "$1").tmp" && mv -f "$(status_file "$1").tmp" "$(status_file "$1")"
-    printf '%s %s\n' "$(date +%s.%N)" "${2%% *}" >>"$RUNDIR/$1.timeline"
+    local file="$RUNDIR/$1.status"
+    printf '%s\n' "$2" >"$file.tmp" && mv -f "$file.tmp" "$file"
+    now_seconds
+    printf '%s %s\n' "$NOW_SECONDS" "${2%% *}" >>"$RUNDIR/$1.timeline"
 }
-get_status() { first_line "$(status_file "$1")"; }
+
+# The status of service $1, in STATUS ("" when it has none).
+STATUS=""
+get_status() { first_line "$RUNDIR/$1.status"; STATUS=$FIRST_LINE; }
+
+# The time as `date +%s.%N` prints it, in NOW_SECONDS: from EPOCHREALTIME where bash has it (5.0
+# and later; microseconds, its decimal point the locale's), else from `date`.
+NOW_SECONDS=""
+now_seconds() {
+    if ((BASH_VERSINFO[0] >= 5)); then
+        NOW_SECONDS=${EPOCHREALTIME%%[!0-9]*}.${EPOCHREALTIME##*[!0-9]}000
+    else
+        NOW_SECONDS=$(date +%s.%N)
+    fi
+}
 
 prepare_state() {
+    local node=()
     umask 077
-    mkdir -p "$STATE" "$RUNDIR" "$STATE/logs" "$STATE/volumes" "$STATE/services"
+    make_dirs "$STATE" "$RUNDIR" "$STATE/logs" "$STATE/volumes" "$STATE/services"
     chmod 0700 "$STATE"
     # /etc/hosts in every instance: the node's own entries, then every service name on 127.0.0.1
+    { mapfile node </etc/hosts; } 2>/dev/null  # (its lines as they are, read without a child process)
     {
-        cat /etc/hosts 2>/dev/null
+        printf '%s' "${node[@]}"
         echo "# compose2sif: $PROJECT"
         cat "$HERE/hosts.names"
     } >"$STATE/hosts.tmp" && mv -f "$STATE/hosts.tmp" "$STATE/hosts"
@@ -49,7 +67,7 @@ clean_stale() {
         st=""
         { IFS= read -r st || true; } 2>/dev/null <"$RUNDIR/$name.status"
         case "$st" in started | healthy) STALE_KILLED+=("$name") ;; *) continue ;; esac
-        rm -f "$RUNDIR/$name.status" "$RUNDIR/$name.health" "$RUNDIR/$name.helpers"
+        remove_files "$RUNDIR/$name.status" "$RUNDIR/$name.health" "$RUNDIR/$name.helpers"
     done
     tell_stale "$1"
 }

@@ -61,7 +61,7 @@ stop_services() {
         load_service "$name"
         : >"$RUNDIR/$name.stopped"
         stop_forwarders "$name"  # (also where its instance is gone)
-        rm -f "$RUNDIR/$name.truth"
+        remove_files "$RUNDIR/$name.truth"
         forwarders+=("${FORWARDERS_ENDED[@]}")
         instance_pid
         [ -n "$IPID" ] || continue
@@ -95,7 +95,7 @@ stop_service() {
     stop_services "$1"
     wait_ended "${ENDING[@]}"
     remove_overlay "$1"
-    rm -f "$(status_file "$1")"
+    remove_files "$RUNDIR/$1.status"
 }
 
 # The supervisor and whatever it runs (a restart in progress): its process group (setsid made a

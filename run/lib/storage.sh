@@ -24,7 +24,8 @@ choose_storage() {
     if [ -n "${C2S_STORAGE:-}" ]; then
         STORAGE=$C2S_STORAGE STORAGE_WHY="set by C2S_STORAGE"
     else
-        recorded=$(first_line "$STATE/storage")
+        first_line "$STATE/storage"
+        recorded=$FIRST_LINE
         if [ -n "$recorded" ] && { [ -w "$recorded" ] || [ -w "$(dirname "$recorded")" ]; }; then
             STORAGE=$recorded STORAGE_WHY="chosen at the first build, kept in $STATE/storage"
         else

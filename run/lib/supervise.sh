@@ -37,7 +37,8 @@ supervise() {
             [ "$S_ONESHOT" = 1 ] && continue
             [ -f "$RUNDIR/$name.stopped" ] && continue
             service_running && { probe_when_due; continue; }
-            rc=$(exit_code)
+            exit_code
+            rc=$EXIT_CODE
             case "$S_RESTART" in
                 always | unless-stopped) ;;
                 on-failure*)
@@ -50,7 +51,7 @@ supervise() {
             esac
             attempts[$name]=$((${attempts[$name]:-0} + 1))
             note "$name ended (exit code ${rc:-unknown}); restarting (restart: $S_RESTART)"
-            start_service "$name" restart || note "$name: restart failed: $(get_status "$name")"
+            start_service "$name" restart || { get_status "$name"; note "$name: restart failed: $STATUS"; }
         done <"$RUNDIR/supervised"
         nap 1
     done
