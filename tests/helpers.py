@@ -3,18 +3,21 @@ oracle.py; hostile projects for hypothesis in helpers_fuzz.py)."""
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
-import traceback
+import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 
+import forkserver
 from compose2sif.plan.network import References, overlaps
 
 REPO = Path(__file__).resolve().parent.parent
@@ -184,61 +187,49 @@ def check_plan(plan) -> None:
             assert (server, port) in listening, f"{client} names {server}:{port}, where {server} does not listen"
 
 
+_FORK_SERVER: Dict[int, Any] = {}  # this process's fork server (tests/forkserver.py): pid -> (Popen, socket)
+_FORK_LOCK = threading.Lock()
+
+
+def _fork_server():
+    """The fork server of this process, started on first use (a forked test process starts its own)."""
+    server = _FORK_SERVER.get(os.getpid())
+    if server is None or server[0].poll() is not None:
+        import compose2sif
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "forkserver.py"), str(theirs.fileno()),
+                                 str(Path(compose2sif.__file__).resolve().parent.parent)],
+                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        theirs.close()
+        server = _FORK_SERVER[os.getpid()] = (proc, ours)
+    return server
+
+
 def compose2sif_forked(argv: List[str], cwd: Path, env: Dict[str, str], timeout: int = 120,
                        errors: str = "strict") -> subprocess.CompletedProcess:
     """`python3 -m compose2sif ARGV` in CWD with exactly ENV, as subprocess.run answers. Each run
-    is its own process, forked from this one with compose2sif already imported (a new interpreter
-    costs ten times what the command does; the tests run it hundreds of times). ERRORS: how its
-    output is decoded, as subprocess's."""
-    import compose2sif.cli  # noqa: F401  (imported once, here, instead of in every process)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        pid = os.fork()
-        if pid == 0:
-            _forked_main(argv, cwd, env, out.fileno(), err.fileno(), timeout)
-        _, status = os.waitpid(pid, 0)
+    is its own process, forked with compose2sif already imported (a new interpreter costs ten
+    times what the command does; the tests run it hundreds of times) from this process's fork
+    server (tests/forkserver.py, which says why not from this process). ERRORS: how its output
+    is decoded, as subprocess's."""
+    request = pickle.dumps(([str(a) for a in argv], str(cwd), dict(env), timeout))
+    with _FORK_LOCK, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        _, sock = _fork_server()
+        socket.send_fds(sock, [forkserver.STATUS.pack(len(request))], [out.fileno(), err.fileno()])
+        sock.sendall(request)
+        answer = b""
+        while len(answer) < forkserver.STATUS.size:
+            chunk = sock.recv(forkserver.STATUS.size - len(answer))
+            if not chunk:
+                raise AssertionError("the fork server (tests/forkserver.py) ended")
+            answer += chunk
+        status = forkserver.STATUS.unpack(answer)[0]
         if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM:
             raise subprocess.TimeoutExpired(["compose2sif", *argv], timeout)
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(["compose2sif", *argv], os.waitstatus_to_exitcode(status),
                                            out.read().decode(errors=errors), err.read().decode(errors=errors))
-
-
-def _forked_main(argv, cwd, env, out_fd, err_fd, timeout) -> None:
-    """The forked child: what `python3 -m compose2sif` does, then its exit; never returns."""
-    code = 1
-    try:
-        signal.alarm(timeout)  # its default action ends this process
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(err_fd, 2)
-        os.chdir(cwd)
-        os.environ.clear()
-        os.environ.update(env)
-        sys.stdin = open(0, closefd=False)
-        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
-        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-        sys.argv = [str(REPO / "compose2sif" / "__main__.py"), *argv]
-        from compose2sif.cli import main
-        try:
-            main()
-            code = 0
-        except SystemExit as end:  # as the interpreter ends on one
-            if end.code is None or isinstance(end.code, int):
-                code = end.code or 0
-            else:
-                print(end.code, file=sys.stderr)
-                code = 1
-        except BaseException:
-            traceback.print_exc()  # as the interpreter does, "Traceback" and all
-            code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(code)
 
 
 def run_lib(tmp_path, script: str, **env) -> subprocess.CompletedProcess:
