@@ -199,7 +199,10 @@ def _fork_server():
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "forkserver.py"), str(theirs.fileno()),
                                  str(Path(compose2sif.__file__).resolve().parent.parent)],
-                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                # the compiled modules this process keeps (conftest.py), read there
+                                env={**os.environ, "PYTHONPYCACHEPREFIX": sys.pycache_prefix}
+                                if sys.pycache_prefix else None)
         theirs.close()
         server = _FORK_SERVER[os.getpid()] = (proc, ours)
     return server
