@@ -20,6 +20,7 @@ import collections
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,6 +60,27 @@ def busy_seconds():
     return (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / os.sysconf("SC_CLK_TCK")
 
 
+def host_probe():
+    """CPU seconds of a fixed piece of work like the suite's (a Python loop; forks and execs of
+    `true`). This host's speed changes by a third from one ten-minute stretch to the next: the
+    probe, taken before and after a round, tells a slow stretch from a slower suite."""
+    started = time.process_time()
+    total = 0
+    for i in range(3_000_000):
+        total += i * i % 7
+    python = time.process_time() - started
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(60):
+        subprocess.run(["true"])
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return python + (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+# host_probe() on this 2-CPU machine in a quiet stretch (the least of 40, 2026-11-26; the median
+# of those 40 was 0.39 s)
+QUIET_PROBE_S = 0.28
+
+
 def one_round(args, pytest_args):
     with tempfile.TemporaryDirectory(prefix="c2s-bench-unit-") as tmp:
         Path(tmp, "c2s_bench_unit.py").write_text(PLUGIN)
@@ -67,6 +89,7 @@ def one_round(args, pytest_args):
         command = [sys.executable, "-m", "pytest", "-q", "-m", "not e2e", "-p", "c2s_bench_unit", *pytest_args]
         if args.cold:
             command.append("--cache-clear")
+        probe_before = statistics.median(host_probe() for _ in range(5))
         load_before = os.getloadavg()[0]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started, busy_before = time.monotonic(), busy_seconds()
@@ -79,7 +102,9 @@ def one_round(args, pytest_args):
             for path, seconds in json.loads(rows.read_text()):
                 by_file[path] += seconds
         summary = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
-        return proc.returncode, summary, wall, cpu, busy, load_before, os.getloadavg()[0], by_file
+        load_after, probe_after = os.getloadavg()[0], statistics.median(host_probe() for _ in range(5))
+        return (proc.returncode, summary, wall, cpu, busy, load_before, load_after, by_file,
+                (probe_before, probe_after))
 
 
 def main():
@@ -91,7 +116,7 @@ def main():
     pytest_args = [a for a in pytest_args if a != "--"]
     print(f"machine: {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable); goal: under {GOAL_S:.0f} s wall")
     for n in range(1, args.rounds + 1):
-        rc, summary, wall, cpu, busy, load_before, load_after, by_file = one_round(args, pytest_args)
+        rc, summary, wall, cpu, busy, load_before, load_after, by_file, probes = one_round(args, pytest_args)
         print(f"round {n}{' (cold cache)' if args.cold else ''}: {summary}")
         print(f"  wall {wall:6.1f} s   {wall / GOAL_S:4.2f} of the goal")
         print(f"  CPU  {cpu:6.1f} s   (user + sys; {cpu / len(os.sched_getaffinity(0)):.1f} s a CPU, "
@@ -99,6 +124,10 @@ def main():
         print(f"  busy {busy:6.1f} s   (the machine's, over the run; "
               f"{busy / len(os.sched_getaffinity(0)) / GOAL_S:4.2f} of the goal)")
         print(f"  load average {load_before:.1f} before, {load_after:.1f} after")
+        slowdown = sum(probes) / 2 / QUIET_PROBE_S
+        print(f"  host speed: the probe took {probes[0]:.2f} s before, {probes[1]:.2f} s after, "
+              f"{QUIET_PROBE_S:.2f} s in a quiet stretch: the host ran at about 1/{slowdown:.2f} of its quiet speed; "
+              f"at that speed: wall {wall / slowdown:.1f} s, busy {busy / slowdown:.1f} s (estimates)")
         measured = sum(by_file.values())
         print(f"  CPU by test file (of {measured:.1f} s measured around the tests; the rest is start-up "
               "and collection in each worker):")

@@ -73,18 +73,41 @@ def _values_services(i: int, p: str) -> str:
 VALUES = "services:\n" + "".join(_values_services(i, p) for i, p in enumerate(PAYLOADS))
 
 
+# A hostile value in one field each, one service each (the service named after the case); the
+# sentinel file of each is PWNED-<service>.
+FIELDS = """services:
+  gpu-device-ids:
+    image: busybox
+    gpus: [{driver: nvidia, device_ids: ["0$$(touch {S}-gpu-device-ids)", "1`touch {S}-gpu-device-ids`"]}]
+  deploy-devices:
+    image: busybox
+    deploy: {resources: {reservations: {devices: [{capabilities: [gpu], device_ids: ["0;touch {S}-deploy-devices"]}]}}}
+  image-subst:
+    image: "busybox$$(touch {S}-image-subst)"
+  volume-name-traversal:
+    image: busybox
+    volumes: ["../../victim:/v"]
+  named-volume-odd:
+    image: busybox
+    volumes: ["vol:/v"]
+  tmpfs-and-user:
+    image: busybox
+    tmpfs: ["/t$$(touch {S}-tmpfs-and-user)"]
+    user: "1000$$(touch {S}-tmpfs-and-user)"
+  dotenv-values:
+    image: busybox
+    environment: [A, B, C]
+  dockerfile-hostile:
+    build: .
+volumes: {vol: {name: "../../victim"}}
+"""
+# what dotenv-values reads from the project's .env
+FIELDS_DOTENV = "A=$(touch {S}-dotenv-values)\nB='`touch {S}-dotenv-values`'\nC=\"x\\\\\"\n"
+
 # (id, compose text, .env text, compose file name): the issue's list and the classes they stand for
-CASES = [("values", VALUES, "", "compose.yaml"),
-    ("gpu-device-ids", """services:
-  app:
-    image: busybox
-    gpus: [{driver: nvidia, device_ids: ["0$$(touch {S})", "1`touch {S}`"]}]
-""", "", "compose.yaml"),
-    ("deploy-devices", """services:
-  app:
-    image: busybox
-    deploy: {resources: {reservations: {devices: [{capabilities: [gpu], device_ids: ["0;touch {S}"]}]}}}
-""", "", "compose.yaml"),
+CASES = [
+    ("values", VALUES, "", "compose.yaml"),
+    ("fields", FIELDS, FIELDS_DOTENV, "compose.yaml"),
     ("restart-arithmetic", """services:
   app:
     image: busybox
@@ -99,7 +122,6 @@ CASES = [("values", VALUES, "", "compose.yaml"),
      "compose.yaml"),
     ("file-name-newline", "services:\n  app:\n    image: busybox\n", "", "c\ntouch {S}\n.yaml"),
     ("image-newline", 'services:\n  app:\n    image: "busybox\\n%setup\\n    touch {S}"\n', "", "compose.yaml"),
-    ("image-subst", 'services:\n  app:\n    image: "busybox$$(touch {S})"\n', "", "compose.yaml"),
     ("build-arg-newline", """services:
   app:
     build: {context: ., args: {A: "1\\n%setup\\n    touch {S}"}}
@@ -110,17 +132,6 @@ CASES = [("values", VALUES, "", "compose.yaml"),
     volumes: [{type: volume, source: v, target: /v, volume: {subpath: ../../../victim}}]
 volumes: {v: {}}
 """, "", "compose.yaml"),
-    ("volume-name-traversal", """services:
-  app:
-    image: busybox
-    volumes: ["../../victim:/v"]
-""", "", "compose.yaml"),
-    ("named-volume-odd", """services:
-  app:
-    image: busybox
-    volumes: ["vol:/v"]
-volumes: {vol: {name: "../../victim"}}
-""", "", "compose.yaml"),
     ("bind-path-separators", """services:
   app:
     image: busybox
@@ -128,12 +139,6 @@ volumes: {vol: {name: "../../victim"}}
 """, "", "compose.yaml"),
     ("name-collision", "services:\n  a-b:\n    image: busybox\n  a_b:\n    image: busybox\n  a.b:\n    image: busybox\n",
      "", "compose.yaml"),
-    ("tmpfs-and-user", """services:
-  app:
-    image: busybox
-    tmpfs: ["/t$$(touch {S})"]
-    user: "1000$$(touch {S})"
-""", "", "compose.yaml"),
     ("hostname", """services:
   app:
     image: busybox
@@ -144,20 +149,11 @@ volumes: {vol: {name: "../../victim"}}
     image: busybox
     extra_hosts: ["h$$(touch {S}):127.0.0.1"]
 """, "", "compose.yaml"),
-    ("dotenv-values", """services:
-  app:
-    image: busybox
-    environment: [A, B, C]
-""", "A=$(touch {S})\nB='`touch {S}`'\nC=\"x\\\\\"\n", "compose.yaml"),
     ("secret-file", """services:
   app:
     image: busybox
     secrets: [s]
 secrets: {s: {file: "../../victim"}}
-""", "", "compose.yaml"),
-    ("dockerfile-hostile", """services:
-  app:
-    build: .
 """, "", "compose.yaml"),
 ]
 
