@@ -32,10 +32,14 @@ def _yaml_str(text: str) -> str:
     return json.dumps(text)  # a JSON string is a YAML string
 
 
-def _values_services(i: int, p: str) -> str:
-    """Two services carrying payload P (its sentinel {S}-I): app<I> with it in every place a value
-    reaches run.sh, an env file or a definition; web<I> depending on it."""
-    p = p.replace("{S}", "{S}-values-%d" % i)
+def _payload(i: int) -> str:
+    return PAYLOADS[i].replace("{S}", "{S}-values-%d" % i)
+
+
+def _values_service(i: int) -> str:
+    """app<I>: payload I (its sentinel {S}-values-I) in every place a value reaches run.sh, an env
+    file or a definition."""
+    p = _payload(i)
     q = _yaml_str(p)
     return f"""  app{i}:
     build:
@@ -59,18 +63,18 @@ def _values_services(i: int, p: str) -> str:
       - type: bind
         source: ./data
         target: {_yaml_str("/data" + p.replace(chr(10), ""))}
-  web{i}:
-    image: busybox
-    depends_on: [app{i}]
-    environment:
-      - {_yaml_str("Q=" + p)}
-    ports: ["127.0.0.1:{18181 + i}:8080"]
 """
 
 
-# The payloads go through one project, two services each: the verbs' cost is mostly per project,
-# and each payload still has its own services and its own sentinel file (PWNED-values-I).
-VALUES = "services:\n" + "".join(_values_services(i, p) for i, p in enumerate(PAYLOADS))
+# The payloads go through one project: the verbs' cost is mostly per project and per service. Each
+# payload has its own service and sentinel file (PWNED-values-I); web depends on them all and
+# carries every payload in an environment list.
+VALUES = ("services:\n" + "".join(_values_service(i) for i in range(len(PAYLOADS))) + f"""  web:
+    image: busybox
+    depends_on: [{", ".join(f"app{i}" for i in range(len(PAYLOADS)))}]
+    environment:
+""" + "".join(f"      - {_yaml_str(f'Q{i}=' + _payload(i))}\n" for i in range(len(PAYLOADS))) + """    ports: ["127.0.0.1:18081:8080"]
+""")
 
 
 # A hostile value in one field each, one service each (the service named after the case); the
