@@ -1,6 +1,7 @@
 """Hostile values, as a repository cloned from a stranger would carry them (issue 11). No compose or
 .env value may run a command on the host, add a section to a definition, or touch a file outside
-the output directory. Each project goes through `convert` once and then every run.sh verb (build,
+the output directory. Each project (the nine payloads share one, as do the cases with a value in
+one field: a service and a sentinel file each) goes through `convert` once and then every run.sh verb (build,
 up, ps, logs, exec, restart, down) under a RECORDING STAND-IN for apptainer
 (tests/standins/recording-standin-apptainer, in its running mode: it logs its argv and plays
 instances that run until `down`), on a runtime with --no-eval; the verbs that hand values to the
