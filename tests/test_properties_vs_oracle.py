@@ -18,7 +18,10 @@ NAMES = ["A", "B", "EMPTY", "UNSET", "lower_x", "LONG_NAME_9"]
 OPERATORS = [":-", "-", ":+", "+", ":?", "?"]
 TEXT = st.text(alphabet="abcXYZ019 -_:/.,}=#'\"@", max_size=6)
 VALUE = st.text(alphabet="abc XYZ09-:/${}'\"#\\=", max_size=8)
-SETTINGS = settings(max_examples=int(os.environ.get("ORACLE_EXAMPLES", "40")), deadline=None,
+# each example is a question to the oracle (about 50 ms, its start): 25 a test here, 100 in CI,
+# where these run beside the end-to-end tests, which take far longer
+SETTINGS = settings(max_examples=int(os.environ.get("ORACLE_EXAMPLES", "100" if os.environ.get("CI") else "25")),
+                    deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
