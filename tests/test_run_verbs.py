@@ -244,7 +244,7 @@ def test_exec_runs_the_command_in_the_instance_with_the_services_env(project):
     proc = run_verb(project, "exec", "cmd_exec", "db", "echo", "hi")
     assert proc.returncode == 1 and "db is not running" in proc.stderr
     # a STAND-IN instance: an "init" whose child is its start script
-    init = subprocess.Popen(["bash", "-c", "sleep 60 & wait"])
+    init = subprocess.Popen(["bash", "-c", "sleep 60 & wait"], start_new_session=True)
     try:
         for _ in range(100):
             if Path(f"/proc/{init.pid}/task/{init.pid}/children").read_text().strip():
@@ -257,7 +257,7 @@ def test_exec_runs_the_command_in_the_instance_with_the_services_env(project):
         assert calls(project)[-1] == ["exec", "--cleanenv", "--no-eval", "--env-file", env_file, *pwd,
                                       "instance://v-db", "echo", "hi"]
     finally:
-        init.kill()
+        os.killpg(init.pid, signal.SIGKILL)  # its child too, not left to sleep on
         init.wait()
 
 
