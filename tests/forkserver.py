@@ -4,8 +4,8 @@ A test process runs compose2sif hundreds of times. A new interpreter costs ten t
 command does, so each command is a fork of a process that has compose2sif imported. Forking the
 test process itself costs about 20 ms of CPU a command once it has grown (pytest, hypothesis, what
 the tests keep: 140 MB), in copying its page tables and the pages a child writes. So each test
-process starts this small one (`python3 forkserver.py FD DIR`: compose2sif, from DIR as the test
-process found it, imported and nothing else)
+process starts this small one (`python3 forkserver.py FD DIR`: every module of compose2sif, from
+DIR as the test process found it, imported and nothing else)
 and asks it over the socket FD for each command: a length, then the pickled
 (argv, cwd, env, timeout), the command's stdout and stderr files passed with it; it answers the
 child's wait status, as 8 bytes. It ends when the socket closes."""

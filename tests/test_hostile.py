@@ -311,6 +311,7 @@ def hostile_run(tmp_path_factory):
 
 # under xdist, the tests that share a case's run (hostile_run) run on one worker: it runs once
 SHARED_RUN = {"values": pytest.mark.xdist_group("hostile-values"),
+              "fields": pytest.mark.xdist_group("hostile-fields"),
               "name-collision": pytest.mark.xdist_group("hostile-name-collision")}
 
 
@@ -337,6 +338,18 @@ def test_the_standin_saw_every_verb(hostile_run):
     for call in starts:
         for flag, arg in zip(call, call[1:]):
             assert b"touch" not in arg or (flag == b"--bind" and arg.split(b":", 1)[1].startswith(b"/data")), call
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=SHARED_RUN[name]) for name in ("values", "fields")])
+def test_every_service_of_a_shared_project_was_started_in_both_rounds(hostile_run, name):
+    """Where cases share a project, one service failing early must not leave the others untried:
+    each one's instance was started with and without --no-eval."""
+    convert, out, calls = hostile_run(name)
+    assert convert.returncode == 0, convert.stderr
+    instances = [s["instance"].encode() for s in json.loads((out / "plan.json").read_text())["services"]]
+    started = [c for c in calls if c[:2] == [b"instance", b"start"]]
+    for instance in instances:
+        assert sum(instance in call for call in started) >= 2, (instance, len(started))
 
 
 @SHARED_RUN["name-collision"]
