@@ -13,11 +13,18 @@ from compose2sif.load.interpolate import InterpolationError, substitute
 
 Lookup = Callable[[str], Optional[str]]
 
-_EXPORT = re.compile(r"^export\s+")
+_EXPORT = re.compile(r"export\s+")
 _ESCAPE = re.compile(r"(\\(?:[abcfnrtv$\"\\]|0\d{0,3}))")
 _ESCAPES = {"a": "\a", "b": "\b", "c": "\\c", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
             '"': '"', "\\": "\\"}
 _SPACE = "\t\v\f\r \x85\xa0"
+_SPACES = re.compile("[\t\v\f\r \x85\xa0]*")
+_BLANK = re.compile("[ \t\n\v\f\r\x85\xa0]*")  # blank space, lines included
+
+
+def _line_at(text: str, pos: int) -> str:
+    """The rest of the line that starts at POS."""
+    return text[pos:].split("\n", 1)[0]
 
 
 class DotenvError(ValueError):
@@ -60,49 +67,50 @@ def parse(text: str, lookup: Optional[Lookup] = None, into: Optional[Dict[str, s
         except InterpolationError as exc:
             raise DotenvError(f"line {line}: {exc}") from None
 
-    rest = text
+    # one position moves through the text (slicing off what was read would copy the rest of
+    # the file at every line: a large .env such as Dify's is parsed hundreds of times slower)
+    pos, end_of_text = 0, len(text)
     while True:
         # skip blank space and comment lines
         while True:
-            stripped = rest.lstrip(" \t\n\v\f\r\x85\xa0")
-            line += rest[:len(rest) - len(stripped)].count("\n")
-            rest = stripped
-            if not rest.startswith("#"):
+            start, pos = pos, _BLANK.match(text, pos).end()
+            line += text.count("\n", start, pos)
+            if not text.startswith("#", pos):
                 break
-            nl = rest.find("\n")
-            rest = "" if nl < 0 else rest[nl:]
-        if not rest:
+            nl = text.find("\n", pos)
+            pos = end_of_text if nl < 0 else nl
+        if pos >= end_of_text:
             return out
-        if _EXPORT.match(rest):
-            rest = rest[len("export"):].lstrip(_SPACE)
+        if _EXPORT.match(text, pos):
+            pos = _SPACES.match(text, pos + len("export")).end()
         key, offset, inherited = None, 0, False
-        for i, ch in enumerate(rest):
+        for i in range(pos, end_of_text):
+            ch = text[i]
             if ch in _SPACE:
                 continue
             if ch in "=:\n":
-                key, offset, inherited = rest[:i], i + 1, ch == "\n"
+                key, offset, inherited = text[pos:i], i + 1, ch == "\n"
                 break
             if ch in "_.-[]" or ch.isalnum():
                 continue
-            first_line = rest.split("\n", 1)[0]
-            raise DotenvError(f"line {line}: unexpected character {ch!r} in variable name {first_line!r}")
+            raise DotenvError(f"line {line}: unexpected character {ch!r} in variable name {_line_at(text, pos)!r}")
         if key is None:  # last line without '=': a bare name
-            key, offset, inherited = rest, len(rest), True
+            key, offset, inherited = text[pos:], end_of_text, True
         key = key.rstrip()
         if " " in key:
             raise DotenvError(f"line {line}: key cannot contain a space")
-        rest = rest[offset:].lstrip(_SPACE)
+        pos = _SPACES.match(text, offset).end()
         if inherited:
             line += 1
             value = lookup(key)
             if value is not None:
                 out[key] = value
             continue
-        if rest[:1] in ("'", '"'):
-            quote = rest[0]
+        if text[pos:pos + 1] in ("'", '"'):
+            quote = text[pos]
             chars, escaped, end = [], False, -1
-            for i in range(1, len(rest)):
-                ch = rest[i]
+            for i in range(pos + 1, end_of_text):
+                ch = text[i]
                 if ch == "\n":
                     line += 1
                 if ch != quote:
@@ -121,14 +129,15 @@ def parse(text: str, lookup: Optional[Lookup] = None, into: Optional[Dict[str, s
                 end = i
                 break
             if end < 0:
-                raise DotenvError(f"line {line}: unterminated quoted value {rest.split(chr(10), 1)[0]}")
+                raise DotenvError(f"line {line}: unterminated quoted value {_line_at(text, pos)}")
             value = "".join(chars)
             if quote == '"':
                 value = expand(_expand_escapes(value))
             out[key] = value
-            rest = rest[end + 1:]
+            pos = end + 1
             continue
-        value, _, rest = rest.partition("\n")
+        nl = text.find("\n", pos)
+        value, pos = (text[pos:], end_of_text) if nl < 0 else (text[pos:nl], nl + 1)
         line += 1
         value = value.split(" #", 1)[0].rstrip()
         out[key] = expand(value)
