@@ -214,11 +214,11 @@ def _fork_server():
 
 def compose2sif_forked(argv: List[str], cwd: Path, env: Dict[str, str], timeout: int = 120,
                        errors: str = "strict") -> subprocess.CompletedProcess:
-    """`python3 -m compose2sif ARGV` in CWD with exactly ENV, as subprocess.run answers. Each run
-    is its own process, forked with compose2sif already imported (a new interpreter costs ten
-    times what the command does; the tests run it hundreds of times) from this process's fork
-    server (tests/forkserver.py, which says why not from this process). ERRORS: how its output
-    is decoded, as subprocess's."""
+    """`python3 -m compose2sif ARGV` in CWD with exactly ENV, as subprocess.run answers. It runs
+    in this process's fork server, which has compose2sif imported (a new interpreter costs ten
+    times what the command does; the tests run it hundreds of times): `config` and `convert` in
+    the server itself, the others in a fork of it (tests/forkserver.py says why, and why not
+    from this process). ERRORS: how its output is decoded, as subprocess's."""
     request = pickle.dumps(([str(a) for a in argv], str(cwd), dict(env), timeout))
     with _FORK_LOCK, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         _, sock = _fork_server()
