@@ -10,7 +10,7 @@ cmd_logs() {
         shift
     done
     [ -n "$name" ] || die "logs: name a service"
-    detect_runtime
+    detect_runtime --images-only  # (the runtime's listing is all it asks)
     load_service "$name"
     # a service that has not started since `up` has no output of this run: the runtime's log files
     # then hold an earlier run's (it keeps them after `down`)

@@ -13,9 +13,9 @@ version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" = "$2" ]
 ROOT_REAL=""
 rm_inside() {
     local path parent
-    [ -n "$ROOT_REAL" ] || ROOT_REAL=$(cd "$HERE" && pwd -P)
     for path in "$@"; do
         [ -e "$path" ] || [ -L "$path" ] || continue
+        [ -n "$ROOT_REAL" ] || ROOT_REAL=$(cd "$HERE" && pwd -P)  # (once there is something to delete)
         split_path "$path"
         parent=$(readlink -m -- "$PATH_DIR") || die "cannot resolve $path"
         case "$parent/$PATH_BASE" in
@@ -97,9 +97,17 @@ abs() { case "$1" in /*) ABS=$1 ;; *) ABS=$HERE/$1 ;; esac; }
 FIRST_LINE=""
 first_line() { FIRST_LINE=""; { IFS= read -r FIRST_LINE || true; } 2>/dev/null <"$1"; }
 
-# The user's name (the runtime keeps an instance's logs under it), in USER_NAME: asked once.
+# The user's name (the runtime keeps an instance's logs under it), in USER_NAME: asked once,
+# of /etc/passwd by bash itself, else (a directory service's user: LDAP, SSSD) of `id`.
 USER_NAME=""
-user_name() { [ -n "$USER_NAME" ] || USER_NAME=$(id -un); }
+user_name() {
+    local name uid
+    [ -z "$USER_NAME" ] || return 0
+    while IFS=: read -r name _ uid _; do
+        [ "$uid" = "$EUID" ] && USER_NAME=$name && return 0
+    done 2>/dev/null </etc/passwd
+    USER_NAME=$(id -un)
+}
 
 # Sleep without a child process: read's timeout on a FIFO that nobody writes to (opened
 # read-write, so the open does not block). Polling loops use this, so they cost no fork.

@@ -77,10 +77,13 @@ runtime_mode() {
         return 0
     fi
     local bin cache="$RUNDIR/runtime.buildcfg" cfg="" key value flavour="" suid="" libexec=/usr/libexec sysconf=/etc
-    local starter allow=yes line
-    bin=$(readlink -f "$(command -v "$RT")")
+    local starter allow=yes line lines=()
+    bin=$RT
+    [[ $RT == */* ]] || { hash "$RT" 2>/dev/null && bin=${BASH_CMDS[$RT]}; }  # (command -v's answer, no subshell)
+    bin=$(readlink -f -- "$bin")
     if [ -f "$cache" ] && [ "$cache" -nt "$bin" ] && first_line "$cache" && [ "$FIRST_LINE" = "$bin" ]; then
-        cfg=$(tail -n +2 "$cache")
+        mapfile -t -s 1 lines <"$cache"  # (past its first line, the binary's path)
+        printf -v cfg '%s\n' "${lines[@]}"
     else
         cfg=$("$RT" buildcfg 2>/dev/null) || cfg=""
         if [ -d "$RUNDIR" ]; then

@@ -219,10 +219,14 @@ start_service() {
     load_service "$name"
     [ "${2:-}" = restart ] && S_DEPENDS=()
     remove_files "$RUNDIR/$name.logs"  # until it starts, the logs there are an earlier run's
-    [ ${#S_DEPENDS[@]} -gt 0 ] && progress "$name" "waiting for $(depends_text)"
-    if ! reason=$(wait_dependencies); then
-        set_status "$name" "failed $reason"
-        return 1
+    # (each wait below runs in a command substitution, a child process, only where there is
+    # something to wait for)
+    if [ ${#S_DEPENDS[@]} -gt 0 ]; then
+        progress "$name" "waiting for $(depends_text)"
+        if ! reason=$(wait_dependencies); then
+            set_status "$name" "failed $reason"
+            return 1
+        fi
     fi
     set_status "$name" starting
     service_state
@@ -236,14 +240,16 @@ start_service() {
             wait_reaped "$STARTER"
         fi
         [ -f "$S_SIF" ] || { set_status "$name" "failed image $S_SIF is missing (run: ./run.sh build)"; return 1; }
-        if [ "$S_ONESHOT" = 0 ]; then
+        required_endpoints
+        if [ "$S_ONESHOT" = 0 ] && [ $((${#REQUIRED[@]} + ${#S_FORWARDS[@]})) -gt 0 ]; then
             held=$(endpoints_taken "$name")
             if [ -n "$held" ]; then
                 set_status "$name" "failed endpoint ${held%%$'\n'*} (convert again here to re-plan)"
                 return 1
             fi
         fi
-        if ! reason=$(prepare_dirs); then
+        if [ $((${#S_EMPTY[@]} + ${#S_MKDIRS[@]} + ${#S_FILLS[@]} + ${#S_MOUNT_POINTS[@]})) -gt 0 ] &&
+            ! reason=$(prepare_dirs); then
             set_status "$name" "failed $reason"
             return 1
         fi
@@ -285,9 +291,14 @@ start_service() {
         fi
     fi
     # (a privileged port's forwarder relays to where the tracer put it: run/lib/isolation.sh)
-    reason=$(wait_relocated "${C2S_LISTEN_TIMEOUT:-60}") || { set_status "$name" "failed $reason"; return 1; }
+    if [ ${#S_FORWARDS[@]} -gt 0 ]; then
+        reason=$(wait_relocated "${C2S_LISTEN_TIMEOUT:-60}") || { set_status "$name" "failed $reason"; return 1; }
+    fi
     isolated_endpoints  # the record now says where each went (run/lib/isolation.sh)
-    reason=$(start_forwarders) || { set_status "$name" "failed $reason"; return 1; }  # (run/lib/forward.sh)
+    if [ ${#S_FORWARDS[@]} -gt 0 ]; then
+        reason=$(start_forwarders) || { set_status "$name" "failed $reason"; return 1; }  # (run/lib/forward.sh)
+    fi
+    required_endpoints  # (where they went)
     set_status "$name" started
     if [ ${#S_HEALTH[@]} -gt 0 ]; then
         progress "$name" "waiting for health"
@@ -297,7 +308,7 @@ start_service() {
         fi
         set_status "$name" healthy
         progress "$name" healthy
-    elif ! reason=$(wait_listening "${C2S_LISTEN_TIMEOUT:-60}"); then
+    elif [ ${#REQUIRED[@]} -gt 0 ] && ! reason=$(wait_listening "${C2S_LISTEN_TIMEOUT:-60}"); then
         set_status "$name" "failed $reason"
         return 1
     elif [ "$already" = 0 ]; then

@@ -19,7 +19,11 @@ set -o pipefail  # not -u: bash 4.2 (RHEL7) treats empty arrays as unset
 
 HERE=${BASH_SOURCE[0]%/*}  # its directory (as dirname finds it, without a child process)
 [ "$HERE" != "${BASH_SOURCE[0]}" ] || HERE=.
-HERE=$(cd "${HERE:-/}" && pwd)
+case ${HERE:=/} in /*) ;; *) HERE=./$HERE ;; esac  # (./: not looked up on CDPATH)
+# made absolute as pwd prints it, by going there and back (a subshell would be a child process)
+CALLER_DIR=$PWD
+cd -- "$HERE" && HERE=$PWD || exit 1
+cd -- "$CALLER_DIR" 2>/dev/null || true
 PROJECT=c2s-e2e
 STATE="$HERE/state"
 RUNDIR="$STATE/run"
