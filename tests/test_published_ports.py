@@ -7,10 +7,10 @@ compiled by convert), and STAND-IN SERVERS (Python one-liners named `c2s-standin
 services; the "instance init" whose process tree is read is a stand-in bash process as well."""
 import json
 import os
+import select
 import shutil
 import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -155,19 +155,17 @@ def project(converted, tmp_path):
 
 def standin_server(started, address, port, name):
     """A STAND-IN SERVER (answers HTTP) on ADDRESS:PORT, run by a stand-in instance init (bash, its
-    parent): the pid returned is the init's."""
-    code = (f"import http.server as h; h.HTTPServer(({address!r}, {port}), h.SimpleHTTPRequestHandler)"
-            ".serve_forever()")
+    parent): the pid returned is the init's. It says when it has bound, so that a port another
+    process holds fails here, by name, and not later as a listener the test did not start."""
+    code = (f"import http.server as h; s = h.HTTPServer(({address!r}, {port}), h.SimpleHTTPRequestHandler); "
+            "print('bound', flush=True); s.serve_forever()")
     proc = subprocess.Popen(["bash", "-c", f'python3 -c "$1" {name} & wait', "c2s-standin-init", code],
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     started.append(proc)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1" if address in ("0.0.0.0", "") else address, port), 0.2).close()
-            return proc.pid
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"the stand-in server on {address}:{port} did not start")
+    ready, _, _ = select.select([proc.stdout], [], [], 10)
+    if not ready or proc.stdout.readline() != b"bound\n":
+        raise AssertionError(f"the stand-in server could not listen on {address}:{port} (held by another process?)")
+    return proc.pid
 
 
 def get(url):
