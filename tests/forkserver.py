@@ -99,6 +99,8 @@ def run_here(argv, cwd, env, out_fd, err_fd, timeout) -> int:
         return (_execute(argv, cwd, env, out_fd, err_fd) & 0xff) << 8
     except _TimedOut:
         return signal.SIGALRM
+    except Exception:  # before the command ran (CWD missing): a child would exit 1 so
+        return 1 << 8
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
@@ -137,13 +139,9 @@ def import_everything() -> None:
 
 
 def _runs_here(argv, parser) -> bool:
-    """Whether ARGV's command is one of IN_PROCESS (found as the CLI finds it; a command line it
-    cannot read runs in a child)."""
+    """Whether ARGV's command is one of IN_PROCESS, found as the CLI finds it."""
     from compose2sif.cli import _command_word
-    try:
-        return _command_word(parser, argv) in IN_PROCESS
-    except Exception:
-        return False
+    return _command_word(parser, argv) in IN_PROCESS
 
 
 def serve(sock) -> None:

@@ -163,7 +163,9 @@ def standin_server(started, address, port, name):
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     started.append(proc)
     ready, _, _ = select.select([proc.stdout], [], [], 10)
-    if not ready or proc.stdout.readline() != b"bound\n":
+    bound = ready and proc.stdout.readline() == b"bound\n"
+    proc.stdout.close()  # (it prints nothing more; its requests are logged to stderr)
+    if not bound:
         raise AssertionError(f"the stand-in server could not listen on {address}:{port} (held by another process?)")
     return proc.pid
 
