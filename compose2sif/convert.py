@@ -77,7 +77,7 @@ def convert(project_options: ProjectOptions, options: ConvertOptions,
             warn: Callable[[str], None]) -> Tuple["Plan", str]:
     """Load, plan and render the project; returns the plan and the output directory. ``warn`` gets
     each line for the user (warnings and notes), in order."""
-    from compose2sif import adapters, loopback, render
+    from compose2sif import adapters, helpers, render
     from compose2sif.plan import PlanOptions, build_plan, generated
     from compose2sif.plan.network import node_listeners, parse_address_block
     project = load(project_options, warn)
@@ -98,7 +98,7 @@ def convert(project_options: ProjectOptions, options: ConvertOptions,
         busy=node_listeners() - _previous_endpoints(out_dir), tls=bool(options.tls or options.tls_cert),
         tls_files=(os.path.abspath(options.tls_cert), os.path.abspath(options.tls_key)) if options.tls_cert else None,
         presets=presets, secrets=generated.Replacer(table, chosen) if chosen else None,
-        ssrf_allow=list(options.ssrf_allow), loopback=loopback.binary() is not None)
+        ssrf_allow=list(options.ssrf_allow), loopback=helpers.has(helpers.LOOPBACK))
     with located(project):
         if not options.offline:
             plan_options.image_configs = _image_configs(project, sources, options.registry_mirror, warn)

@@ -456,6 +456,60 @@ def untraceable_lines(out_dir: str) -> List[Line]:
             and os.path.isfile(os.path.join(out_dir, "sif", f"{s.get('image')}.sif"))]
 
 
+def node_architecture() -> str:
+    """The node's architecture as run.sh names it (bash's HOSTTYPE: uname -m on Linux)."""
+    import platform
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def helper_lines(out_dir: str) -> List[Line]:
+    """Each helper of the output for this node's architecture: its version, where it came from, and
+    that it runs here; where one is missing, what then happens and to which services."""
+    from compose2sif import helpers
+    arch = node_architecture()
+    try:
+        with open(os.path.join(out_dir, helpers.OUTPUT_MANIFEST), encoding="utf-8") as fh:
+            listing = json.load(fh)
+        built = {h["name"]: h for h in listing["helpers"] if h["arch"] == arch}
+        origin = f"built with {listing['toolchain']} by the {listing['built_by']}"
+        archs = sorted({h["arch"] for h in listing["helpers"]})
+    except (OSError, ValueError, KeyError, TypeError):
+        listing, built, origin, archs = None, {}, "", []
+    lines: List[Line] = []
+    for name in (helpers.FORWARD, helpers.LOOPBACK):
+        helper = built.get(name)
+        path = os.path.join(out_dir, "bin", arch, name)
+        if helper is None or not os.path.isfile(path):
+            continue
+        try:
+            said = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+            runs = said.returncode == 0 and said.stdout.split()[1:2] == [helper["version"]]
+            why = (said.stderr or said.stdout).strip()
+        except (OSError, subprocess.SubprocessError, IndexError) as exc:
+            runs, why = False, str(exc)
+        if runs:
+            lines.append(("ok", f"helper {name} {helper['version']} ({arch}): {origin}, sha256 {helper['sha256'][:16]}"))
+        else:
+            lines.append(("fail", f"helper {name} ({arch}, bin/{arch}/{name}) does not run here: {why or 'no version'}"))
+    why = (f"compose2sif's package has no {{name}} for this node's architecture, {arch} (only for {', '.join(archs)})"
+           if listing is not None else
+           f"no bin/{arch}/{{name}}: the compose2sif that converted this was not installed by pip, which builds its helpers")
+    plan = _plan(out_dir) or {}
+    forwarded = [s for s in plan.get("services") or [] if isinstance(s, dict)
+                 and any(isinstance(p, dict) and p.get("forward") for p in s.get("ports") or [])]
+    if forwarded and helpers.FORWARD not in built:
+        python = shutil.which("python3")
+        if python and os.path.isfile(os.path.join(out_dir, helpers.OUTPUT_FALLBACK)):
+            lines.append(("warn", f"published ports: {why.format(name=helpers.FORWARD)}; the node's {python} "
+                                  f"serves them ({helpers.OUTPUT_FALLBACK})"))
+        else:
+            lines += [("fail", f"service {s['name']}: `up` will fail it: its published ports need a forwarder: "
+                               f"{why.format(name=helpers.FORWARD)}, and the node has no python3 to run "
+                               f"{helpers.OUTPUT_FALLBACK} instead") for s in forwarded]
+    return lines
+
+
 def report(out_dir: Optional[str]) -> List[Line]:
     lines = runtime_lines()
     found = runtime.detect()
@@ -463,6 +517,7 @@ def report(out_dir: Optional[str]) -> List[Line]:
         lines += feature_lines(*found, _plan(out_dir))
     lines += storage_lines(os.path.expanduser("~"), out_dir)
     if out_dir:
+        lines += helper_lines(out_dir)
         isolation = isolation_line(out_dir)
         lines += [isolation] if isolation else []
         if isolation and isolation[0] != "ok":  # not a loopback per service here

@@ -25,7 +25,7 @@ import re
 import shlex
 from typing import Dict, List, Optional, Union
 
-from compose2sif import forwarder, loopback
+from compose2sif import helpers
 from compose2sif.errors import ComposeError
 from compose2sif.plan import Plan, PortPlan, ServicePlan
 from compose2sif.plan.generated import SECRETS_FILE, file_text
@@ -414,16 +414,10 @@ def write(plan: Plan, out_dir: str) -> None:
     if plan.generated_secrets:
         _write(out_dir, SECRETS_FILE, file_text(plan.generated_secrets), 0o600)
     _write(out_dir, "hosts.names", hosts_names(plan), 0o644)
-    if any(p.forward for s in plan.services for p in s.ports):
-        binary = forwarder.binary()
-        if binary is not None:
-            _write(out_dir, forwarder.OUTPUT, binary, 0o755)
-        else:
-            plan.warnings.append(forwarder.MISSING)
-    tracer = loopback.binary()
-    if tracer is not None:
-        _write(out_dir, loopback.OUTPUT, tracer, 0o755)
-    elif loopback.MISSING not in plan.warnings:
-        plan.warnings.append(loopback.MISSING)
+    built = helpers.files(forwarder=any(p.forward for s in plan.services for p in s.ports))
+    for path, content in built.items():  # bin/ARCH/c2s-forward, bin/ARCH/c2s-loopback, bin/helpers.json
+        _write(out_dir, path, content, 0o644 if path.endswith(".json") else 0o755)
+    if not built and helpers.missing_line() not in plan.warnings:
+        plan.warnings.append(helpers.missing_line())
     _write(out_dir, "run.sh", render_runner(plan), 0o755)
     _write(out_dir, "plan.json", json.dumps(plan.to_json(), indent=2) + "\n", 0o644)

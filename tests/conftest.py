@@ -106,27 +106,13 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def helper_binaries_built():
-    """The tracer and the forwarder every convert writes as bin/c2s-loopback and bin/c2s-forward,
-    compiled once for the suite (compose2sif/loopback.py and forwarder.py take a fresh
-    compose2sif/intercept/c2s-loopback and c2s-forward), not once per converting process: on a
-    fresh clone that is a compile in each of hundreds of converts."""
-    import fcntl
-    from compose2sif import forwarder, loopback
-    for helper in (loopback, forwarder):
-        if helper.fresh():
-            continue
-        # one xdist worker compiles, under a lock on the directory; the others then find it fresh.
-        # Built beside it and renamed, so that no convert reads a half-written binary.
-        directory = os.open(os.path.dirname(helper.PREBUILT), os.O_RDONLY)
-        try:
-            fcntl.flock(directory, fcntl.LOCK_EX)
-            if not helper.fresh():
-                partial = f"{helper.PREBUILT}.{os.getpid()}"
-                if helper.build(partial):
-                    os.replace(partial, helper.PREBUILT)
-        finally:
-            os.close(directory)
+def helpers_installed():
+    """The helpers every convert writes into bin/ARCH/ come from the package, built by its
+    installation (setup.py); nothing compiles them here. Where they are missing, or built from
+    sources that have changed since, the suite stops with the one command that builds them."""
+    stale = helpers.helpers_stale()
+    if stale:
+        pytest.exit(f"{stale}: run `python3 -m pip install -e .` (it builds them) and test again", returncode=3)
 
 
 @pytest.fixture

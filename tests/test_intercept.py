@@ -17,21 +17,20 @@ from pathlib import Path
 
 import pytest
 
-from compose2sif import loopback
+from helpers import packaged_helper
 
 SOURCE = Path(__file__).resolve().parent.parent / "compose2sif" / "intercept"
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or platform.machine() != "x86_64" or not shutil.which("cc"),
-    reason="c2s-loopback is x86_64 Linux only and is built here with cc")
+    reason="c2s-loopback is built for x86_64 Linux only; two tests compile small C programs here with cc")
 
 
 @pytest.fixture(scope="module")
 def tracer():
-    """The tracer convert ships: compose2sif/intercept/c2s-loopback, which conftest's helper_binaries_built
-    compiles once for the suite from the sources as they are now (not once per test worker)."""
-    assert loopback.fresh(), "conftest.py's helper_binaries_built did not build the tracer"
-    return Path(loopback.PREBUILT)
+    """The tracer convert ships: the package's compose2sif/helpers/x86_64/c2s-loopback, built when
+    it was installed (setup.py; conftest.py checked it was built from the sources as they are now)."""
+    return packaged_helper("c2s-loopback")
 
 
 def free_port(addr: str) -> int:

@@ -1,12 +1,15 @@
 """The per-service loopback in convert and run.sh (issue 23, integration; docs/interception.md).
 
-convert puts the tracer (compose2sif/intercept/loopback*.c, compiled here) into bin/c2s-loopback;
+convert puts the tracer (compose2sif/intercept/loopback*.c, built into the package when it was
+installed: setup.py) into bin/x86_64/c2s-loopback;
 run.sh's run/lib/isolation.sh chooses the mode and starts entries, probes and execs under it.
 Here, on this machine: the real tracer runs a STAND-IN SERVER (a Python one-liner named
 `c2s-standin-*`, binding 0.0.0.0:80 as an image's server does) in place of a service's entry, and
 run.sh's own functions read its record; the real forwarder relays to where the tracer put the port.
 The runtime that `up` asks to run `c2s-loopback --check` is a STAND-IN RUNTIME (a bash script that
 runs the command it is given outside any container)."""
+import hashlib
+import json
 import os
 import platform
 import shlex
@@ -22,7 +25,7 @@ import pytest
 
 from helpers import kill_groups, run_lib
 
-from compose2sif import loopback
+from compose2sif import helpers
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = REPO / "run"
@@ -30,8 +33,8 @@ ENGINE_MARKER = "# ---- the engine (the same for every project"
 BLOCK = "127.78.8"
 
 pytestmark = [
-    pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64" or not shutil.which("cc"),
-                       reason="c2s-loopback is x86_64 Linux only and is built here with cc"),
+    pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64",
+                       reason="the package builds c2s-loopback for x86_64 Linux only"),
     # its stand-in server holds port 8000 on its own address, which test_published_ports's
     # 0.0.0.0:8000 would clash with: the two modules run on one worker, one after the other
     pytest.mark.xdist_group("published-ports"),
@@ -93,59 +96,55 @@ def project(converted, tmp_path):
 
 def test_convert_puts_the_tracer_beside_run_sh(converted):
     out, _ = converted
-    tracer = out / loopback.OUTPUT
+    tracer = out / "bin" / "x86_64" / "c2s-loopback"
     assert tracer.read_bytes().startswith(b"\x7fELF") and os.access(tracer, os.X_OK)
     assert subprocess.run([str(tracer), "--check", "--addr", f"{BLOCK}.9"], capture_output=True).returncode == 0
     run_sh = (out / "run.sh").read_text()
     assert "LOOPBACK_BLOCK=24050-24099" in run_sh and f"S_OWN_ADDRESS={BLOCK}." in run_sh
-    assert "bin/c2s-loopback could not be built" not in (out / "convert.err").read_text()
+    assert "carries no built helpers" not in (out / "convert.err").read_text()
 
 
-def test_without_a_compiler_convert_warns_once_and_writes_no_tracer(tmp_path, monkeypatch):
-    monkeypatch.setattr(loopback, "PREBUILT", str(tmp_path / "none"))
-    monkeypatch.setattr(loopback, "_compiled", [])
-    monkeypatch.setenv("CC", "/bin/false")
-    assert loopback.binary() is None
-    (tmp_path / "compose.yaml").write_text("services:\n  a:\n    image: busybox\n")
+def test_a_compose2sif_without_built_helpers_warns_once_and_writes_none(tmp_path, monkeypatch):
+    """A source tree that pip did not install has no compose2sif/helpers/: convert says so in one
+    warning with the fix, writes no helper, and plans for the plan-time knobs alone."""
+    monkeypatch.setattr(helpers, "PACKAGED", str(tmp_path / "none"))
+    (tmp_path / "compose.yaml").write_text("services:\n  a:\n    image: busybox\n    ports: ['127.0.0.1:18091:8080']\n")
     from compose2sif import cli
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as done:
         cli.main(["convert", "--offline", "-o", str(tmp_path / "out")])
     assert done.value.code in (0, None)
     plan = (tmp_path / "out" / "plan.json").read_text()
-    assert plan.count("bin/c2s-loopback could not be built here") == 1
-    assert not (tmp_path / "out" / "bin" / "c2s-loopback").exists()
+    assert plan.count("carries no built helpers") == 1 and "python3 -m pip install ." in plan
+    assert not (tmp_path / "out" / "bin").exists()
 
 
-def test_a_tracer_built_beforehand_is_stale_when_any_of_its_files_is_newer(tmp_path, monkeypatch):
-    """Every file the tracer is built from counts (each .c build.sh compiles, each header they
-    include), not loopback.c alone: copies of them, their times moved one at a time."""
-    standin_cc = tmp_path / "c2s-standin-cc"  # a STAND-IN COMPILER: lists the files build.sh gives it
-    standin_cc.write_text('#!/bin/sh\nprintf "%s\\n" "$@" >"${0%/*}/args"\nwhile [ "$1" != -o ]; do shift; done\n'
-                          ': >"$2"\n')
-    standin_cc.chmod(0o755)
-    subprocess.run(["sh", loopback.BUILD, str(tmp_path / "standin-output")], env={**os.environ, "CC": str(standin_cc)},
-                   check=True)
-    built = {Path(arg).name for arg in (tmp_path / "args").read_text().split() if arg.endswith(".c")}
-    names = {Path(source).name for source in loopback.SOURCES}
-    included = {line.split('"')[1] for name in names
-                for line in (Path(loopback.HERE) / name).read_text().splitlines() if line.startswith('#include "')}
-    assert {"loopback.c", "loopback.h", "loopback_phase.h"} <= names and built | included <= names
-    assert "forward.c" not in built
-    copies = [str(Path(shutil.copy(source, tmp_path))) for source in loopback.SOURCES]
-    prebuilt = tmp_path / "c2s-loopback"
-    prebuilt.write_bytes(b"")
-    built_at = time.time() - 100
-    os.utime(prebuilt, (built_at, built_at))
-    for copy in copies:
-        os.utime(copy, (built_at - 10, built_at - 10))
-    monkeypatch.setattr(loopback, "PREBUILT", str(prebuilt))
-    monkeypatch.setattr(loopback, "SOURCES", copies)
-    assert loopback.fresh()
-    for copy in copies:
-        os.utime(copy, (built_at + 10, built_at + 10))
-        assert not loopback.fresh(), copy
-        os.utime(copy, (built_at - 10, built_at - 10))
+def test_convert_compiles_nothing_and_writes_the_packaged_helpers(tmp_path):
+    """Convert copies the helpers the package build made; a compiler on PATH is never asked for
+    (STAND-IN COMPILERS: cc, gcc, clang, zig and ld that record their call and fail)."""
+    standins = tmp_path / "standin-compilers"
+    standins.mkdir()
+    for name in ("cc", "gcc", "clang", "zig", "ld", "musl-gcc"):
+        (standins / name).write_text(f'#!/bin/sh\necho {name} "$@" >>"{tmp_path}/compiled"\nexit 1\n')
+        (standins / name).chmod(0o755)
+    (tmp_path / "compose.yaml").write_text("services:\n  a:\n    image: busybox\n    ports: ['127.0.0.1:18092:8080']\n")
+    env = {**os.environ, "PATH": f"{standins}:{os.environ['PATH']}", "CC": str(standins / "cc")}
+    done = subprocess.run([sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(tmp_path / "out")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "compiled").exists(), (tmp_path / "compiled").read_text()
+    listing = json.loads((tmp_path / "out" / "bin" / "helpers.json").read_text())
+    assert {(h["arch"], h["name"]) for h in listing["helpers"]} == \
+        {("x86_64", "c2s-forward"), ("x86_64", "c2s-loopback"), ("aarch64", "c2s-forward")}
+    for helper in listing["helpers"]:
+        written = tmp_path / "out" / "bin" / helper["arch"] / helper["name"]
+        assert written.read_bytes() == (Path(helpers.PACKAGED) / helper["arch"] / helper["name"]).read_bytes()
+        assert hashlib.sha256(written.read_bytes()).hexdigest() == helper["sha256"] and os.access(written, os.X_OK)
+    assert listing["toolchain"].startswith("zig ") and "(PyPI ziglang)" in listing["toolchain"]
+    said = subprocess.run([str(tmp_path / "out" / "bin" / "x86_64" / "c2s-forward"), "--version"],
+                          capture_output=True, text=True)
+    assert said.stdout.split() == ["c2s-forward", next(h["version"] for h in listing["helpers"]
+                                                       if h["name"] == "c2s-forward")]
 
 
 STANDIN_RUNTIME = """#!/bin/bash
@@ -182,11 +181,19 @@ def test_up_chooses_the_loopback_where_the_check_passes_and_says_why_not_elsewhe
                               "exit code 1\n")
     plan = run_lib(tmp_path, 'choose_isolation && echo "$ISOLATION|$ISOLATION_WHY"', C2S_PORT_ISOLATION="plan")
     assert plan.stdout == "plan|C2S_PORT_ISOLATION=plan\n" and plan.stderr == ""
-    # where the tracer cannot run: one line, and the knobs
-    (tmp_path / "out" / "bin" / "c2s-loopback").unlink()
+    # a node of an architecture the package has no tracer for (as an aarch64 node sees this output):
+    # one line, and the knobs
+    (tmp_path / "out" / "bin" / "x86_64" / "c2s-loopback").rename(tmp_path / "out" / "bin" / "aarch64" / "c2s-loopback")
+    other = run_lib(tmp_path, 'choose_isolation && echo "$ISOLATION"', C2S_PORT_ISOLATION="auto")
+    assert other.stdout == "plan\n"
+    assert other.stderr.split("] ", 1)[1] == ("port isolation: plan-time knobs only (compose2sif's package has no "
+                                             "c2s-loopback for this node's architecture, x86_64 (only for aarch64))\n")
+    # none at all (a compose2sif not installed by pip converted it): one line, and the knobs
+    (tmp_path / "out" / "bin" / "aarch64" / "c2s-loopback").unlink()
     gone = run_lib(tmp_path, 'choose_isolation && echo "$ISOLATION"', C2S_PORT_ISOLATION="auto")
     assert gone.stdout == "plan\n"
-    assert gone.stderr.count("\n") == 1 and "port isolation: plan-time knobs only (no bin/c2s-loopback" in gone.stderr
+    assert gone.stderr.count("\n") == 1 and "port isolation: plan-time knobs only (no bin/x86_64/c2s-loopback: the " \
+        "compose2sif that converted this was not installed by pip" in gone.stderr
     forced = run_lib(tmp_path, "choose_isolation", C2S_PORT_ISOLATION="intercept")
     assert forced.returncode == 1 and forced.stderr.startswith("run.sh: up: C2S_PORT_ISOLATION=intercept, but no bin/")
     bad = run_lib(tmp_path, "choose_isolation", C2S_PORT_ISOLATION="docker")
@@ -293,7 +300,7 @@ def test_ports_are_published_from_where_the_tracer_put_them(project):
     record = tmp_path / "out" / "state" / "run" / "loopback" / "web"
     code = ("import http.server as h, threading; s = [h.HTTPServer(('0.0.0.0', p), h.SimpleHTTPRequestHandler) "
             "for p in (80, 8000)]; threading.Thread(target=s[0].serve_forever).start(); s[1].serve_forever()")
-    proc = subprocess.Popen([str(tmp_path / "out" / "bin" / "c2s-loopback"), "--addr", own, "--block", "24050-24099",
+    proc = subprocess.Popen([str(tmp_path / "out" / "bin" / "x86_64" / "c2s-loopback"), "--addr", own, "--block", "24050-24099",
                              "--record", str(record), "--peers", str(record.parent), "--",
                              "python3", "-c", code, "c2s-standin-web"],
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

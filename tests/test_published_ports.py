@@ -3,7 +3,7 @@
 The plan: a port published on another number keeps the service's own address and port, and a
 forwarder publishes it. run.sh's functions (run/lib/forward.sh, run/lib/endpoints.sh) on this
 machine with real processes and real sockets: the real forwarder (compose2sif/intercept/forward.c,
-compiled by convert), and STAND-IN SERVERS (Python one-liners named `c2s-standin-*`) in place of
+built into the package: setup.py), its Python fallback (compose2sif/c2s-forward.py), and STAND-IN SERVERS (Python one-liners named `c2s-standin-*`) in place of
 services; the "instance init" whose process tree is read is a stand-in bash process as well."""
 import json
 import os
@@ -11,6 +11,8 @@ import select
 import shutil
 import socket
 import subprocess
+import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -122,7 +124,7 @@ def test_a_port_published_on_another_number_keeps_the_services_port_behind_a_for
     header = (converted / "header.sh").read_text()
     assert f"S_FORWARDS=(0.0.0.0:{ports[0]} {own('web')}:8000)" in header
     assert f"S_FORWARDS=(0.0.0.0:{ports[2]} 127.0.0.1:9000)" in header
-    assert os.access(converted / "bin" / "c2s-forward", os.X_OK)
+    assert os.access(converted / "bin" / "x86_64" / "c2s-forward", os.X_OK)
 
 
 def test_published_ports_claim_their_place_first_and_a_privileged_one_moves_its_forwarder(converted, ports):
@@ -270,3 +272,125 @@ def test_a_running_forwarder_of_this_output_dir_is_not_in_the_way_of_converting_
     from compose2sif.convert import _previous_endpoints
     assert ("0.0.0.0", ports[0]) in _previous_endpoints(str(converted))
     assert ("127.0.0.1", ports[3]) in _previous_endpoints(str(converted))
+
+
+# ---- a node whose architecture has no c2s-forward in the package ------------------------------
+
+def test_without_a_forwarder_for_the_nodes_architecture_its_python3_serves_the_published_port(project, ports):
+    """The output as a node of another architecture sees it (bin/$HOSTTYPE/c2s-forward absent): `up`
+    says in one line that the node's python3 serves published ports, and bin/c2s-forward.py does."""
+    tmp_path, started = project
+    (tmp_path / "out" / "bin" / "x86_64" / "c2s-forward").unlink()
+    standin_server(started, own("web"), 8000, "c2s-standin-web")
+    proc = run_lib(tmp_path, 'tell_forwarders web && load_service web && start_forwarders && cat "$RUNDIR/web.forward"')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("[") and proc.stderr.split("] ", 1)[1] == (
+        "published ports: compose2sif's package has no c2s-forward for this node's architecture, "
+                           "x86_64 (only for aarch64); the node's /usr/bin/python3 serves them (bin/c2s-forward.py)\n")
+    pid = int(proc.stdout.split()[0])
+    assert "bin/c2s-forward.py" in open(f"/proc/{pid}/cmdline").read()
+    assert get(f"http://127.0.0.1:{ports[0]}/") == 200
+    stop = run_lib(tmp_path, 'stop_forwarders web && wait_ended "${FORWARDERS_ENDED[@]}"')
+    assert stop.returncode == 0, stop.stderr
+    assert not listens(ports[0])
+
+
+def test_without_a_forwarder_nor_python3_up_names_each_service_that_will_fail(project):
+    tmp_path, _ = project
+    for arch in ("x86_64", "aarch64"):
+        (tmp_path / "out" / "bin" / arch / "c2s-forward").unlink()
+    bare_path = tmp_path / "no-python"  # PATH without python3: tell_forwarders needs bash's builtins alone
+    bare_path.mkdir()
+    proc = run_lib(tmp_path, 'tell_forwarders "${SERVICES[@]}"', PATH=str(bare_path))
+    lines = proc.stderr.splitlines()
+    forwarded = sorted(name for name, by_port in plan_ports(tmp_path / "out").items()
+                       if any(p.get("forward") for p in by_port.values()))
+    assert len(forwarded) >= 3 and len(lines) == len(forwarded), proc.stderr
+    for name, line in zip(forwarded, lines):
+        assert line.startswith(f"run.sh: up: {name} will fail: its published ports (") and line.endswith(
+            "need a forwarder: no bin/x86_64/c2s-forward: the compose2sif that converted this was not installed by "
+            "pip, which builds its helpers (convert again with one that was), and the node has no python3 to run "
+            "bin/c2s-forward.py instead"), line
+    # and start_forwarders fails the service with the same reason
+    start = run_lib(tmp_path, 'load_service web && start_forwarders', PATH=str(bare_path))
+    assert start.returncode == 1 and "its published ports need a forwarder: no bin/x86_64/c2s-forward" in start.stdout
+
+
+def test_the_python_forwarder_relays_both_ways_and_half_closes(tmp_path):
+    """bin/c2s-forward.py, the fallback, against a real echo server: what the client sends comes
+    back, the client's half-close reaches the server, and a held port fails with one line."""
+    from compose2sif import helpers
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    target = server.getsockname()[1]
+    listen_port = free_ports(1)[0]
+    proc = subprocess.Popen([sys.executable, helpers.FALLBACK_FORWARDER, f"127.0.0.1:{listen_port}",
+                             f"127.0.0.1:{target}"], stderr=subprocess.PIPE)
+    try:
+        for _ in range(100):
+            if listens(listen_port):
+                break
+            time.sleep(0.05)
+        client = socket.create_connection(("127.0.0.1", listen_port), timeout=5)
+        conn, _ = server.accept()
+        client.sendall(b"ping")
+        client.shutdown(socket.SHUT_WR)
+        received = b""
+        while True:
+            chunk = conn.recv(100)
+            if not chunk:
+                break  # the half-close arrived
+            received += chunk
+        conn.sendall(received.upper())
+        conn.close()
+        assert client.recv(100) == b"PING" and client.recv(100) == b""
+        client.close()
+        held = subprocess.run([sys.executable, helpers.FALLBACK_FORWARDER, f"127.0.0.1:{listen_port}",
+                               f"127.0.0.1:{target}"], capture_output=True, text=True, timeout=30)
+        assert held.returncode == 1 and held.stderr == \
+            f"c2s-forward: cannot listen on 127.0.0.1:{listen_port}: Address already in use\n"
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+        server.close()
+
+
+def test_the_packaged_aarch64_forwarder_relays_under_qemu(tmp_path):
+    """bin/aarch64/c2s-forward, as an A64FX or Grace node runs it, run here by qemu-user (Debian's
+    qemu-user: the aarch64 instructions emulated, the system calls this machine's own): a real echo
+    through it. CI installs qemu-user; elsewhere the test is skipped where it is missing."""
+    qemu = shutil.which("qemu-aarch64")
+    if qemu is None:
+        if os.environ.get("CI"):
+            pytest.fail("qemu-aarch64 is missing (.ci/run installs qemu-user)")
+        pytest.skip("qemu-aarch64 (Debian's qemu-user) is not installed")
+    from helpers import packaged_helper
+    binary = packaged_helper("c2s-forward", "aarch64")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    listen_port = free_ports(1)[0]
+    said = subprocess.run([qemu, str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    assert said.returncode == 0 and said.stdout.startswith("c2s-forward 0.1.0+"), said
+    proc = subprocess.Popen([qemu, str(binary), f"127.0.0.1:{listen_port}", f"127.0.0.1:{server.getsockname()[1]}"])
+    try:
+        for _ in range(200):
+            if listens(listen_port):
+                break
+            time.sleep(0.05)
+        client = socket.create_connection(("127.0.0.1", listen_port), timeout=10)
+        conn, _ = server.accept()
+        client.sendall(b"from an aarch64 forwarder")
+        client.shutdown(socket.SHUT_WR)
+        received = b""
+        while chunk := conn.recv(100):
+            received += chunk
+        conn.sendall(received[::-1])
+        conn.close()
+        assert client.recv(100) == b"redrawrof 46hcraa na morf"
+        client.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+        server.close()

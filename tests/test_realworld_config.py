@@ -1,4 +1,4 @@
-"""`compose2sif config --format json` equals Docker Compose's on every key of the 28 real-world
+"""`compose2sif config --format json` equals Docker Compose's on every key of the 36 real-world
 projects in ../shared/realworld/ (third-party files, see each PROVENANCE.md), each loaded the way its
 README says (directory, -f files, profiles). Differences allowed: oracle.DOCUMENTED_DIFFERENCES only.
 
@@ -18,6 +18,7 @@ PROJECTS = {
     "airflow": ("airflow", ["--profile", "flower"]),
     "anythingllm": ("anythingllm/docker", []),
     "bisheng": ("bisheng/docker", ["-f", "docker-compose.yml", "-p", "bisheng"]),
+    "cognita": ("cognita", []),
     "coze-studio": ("coze-studio/docker", ["-f", "docker-compose.yml"]),
     "fastgpt": ("fastgpt", []),
     "flowise": ("flowise", ["-f", "docker-compose-queue-prebuilt.yml"]),
@@ -29,6 +30,7 @@ PROJECTS = {
     "lobechat": ("lobechat", []),
     "mattermost": ("mattermost", ["-f", "docker-compose.yml", "-f", "docker-compose.nginx.yml"]),
     "mem0": ("mem0/server", []),
+    "milvus-cluster": ("milvus-cluster", []),
     "n8n-ai-starter": ("n8n-ai-starter", ["--profile", "gpu-nvidia"]),
     "nextcloud-fpm": ("nextcloud-fpm", []),
     "opik": ("opik/deployment/docker-compose", []),
@@ -36,13 +38,19 @@ PROJECTS = {
     "open-webui": ("open-webui", ["-f", "docker-compose.yaml", "-f", "docker-compose.gpu.yaml",
                                   "-f", "docker-compose.api.yaml"]),
     "paperless-ngx": ("paperless-ngx/docker/compose", ["-f", "docker-compose.postgres-tika.yml"]),
+    "penpot": ("penpot", []),
+    "plane": ("plane", ["--env-file", "plane.env"]),
     "plausible": ("plausible", []),
     "qanything": ("qanything", ["-f", "docker-compose-linux.yaml"]),
     "r2r": ("r2r/docker", ["-f", "compose.full.yaml", "--profile", "postgres"]),
     "ragflow": ("ragflow", []),
     "sentry-self-hosted": ("sentry-self-hosted", []),
     "supabase": ("supabase", []),
+    "superagi": ("superagi", []),
+    "surfsense": ("surfsense/docker", []),
+    "taskingai": ("taskingai/docker", []),
     "temporal": ("temporal", ["-f", "docker-compose-multirole.yaml"]),
+    "windmill": ("windmill", []),
     "zep-ce": ("zep-ce/legacy", ["-f", "docker-compose.ce.yaml"]),
     "zulip": ("zulip", []),
 }

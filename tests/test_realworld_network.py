@@ -1,4 +1,4 @@
-"""The network plan on 28 real-world projects (../shared/realworld/, each with a PROVENANCE.md), read
+"""The network plan on the 36 real-world projects (../shared/realworld/, each with a PROVENANCE.md), read
 the way their READMEs run them. Each project either plans with no two endpoints colliding, nothing
 below 1024 and every reference to another service hitting one of its planned endpoints, or is
 refused with one line naming the clash and the x-compose2sif hint that fixes it.
@@ -23,6 +23,7 @@ PROJECTS = {
     "airflow": (".", ["docker-compose.yaml"], {"COMPOSE_PROFILES": "flower"}),
     "anythingllm": ("docker", ["docker-compose.yml"], {}),
     "bisheng": ("docker", ["docker-compose.yml"], {}),
+    "cognita": (".", ["docker-compose.yaml"], {}),
     "coze-studio": ("docker", ["docker-compose.yml"], {}),
     "fastgpt": (".", ["docker-compose.yml"], {}),
     "flowise": (".", ["docker-compose-queue-prebuilt.yml"], {}),
@@ -33,22 +34,32 @@ PROJECTS = {
     "lobechat": (".", ["docker-compose.yml"], {}),
     "mattermost": (".", ["docker-compose.yml", "docker-compose.nginx.yml"], {}),
     "mem0": ("server", ["docker-compose.yaml"], {}),
+    "milvus-cluster": (".", ["docker-compose.yml"], {}),
     "n8n-ai-starter": (".", ["docker-compose.yml"], {"COMPOSE_PROFILES": "gpu-nvidia"}),
     "nextcloud-fpm": (".", ["compose.yaml"], {}),
     "opik": ("deployment/docker-compose", ["docker-compose.yaml", "docker-compose.override.yaml"], {}),
     "onyx": ("deployment/docker_compose", ["docker-compose.yml"], {}),
     "open-webui": (".", ["docker-compose.yaml", "docker-compose.gpu.yaml", "docker-compose.api.yaml"], {}),
     "paperless-ngx": ("docker/compose", ["docker-compose.postgres-tika.yml"], {}),
+    "penpot": (".", ["docker-compose.yaml"], {}),
+    "plane": (".", ["docker-compose.yml"], {}),  # with --env-file plane.env (ENV_FILES), as its install.sh runs it
     "plausible": (".", ["compose.yml", "compose.override.yml"], {}),
     "qanything": (".", ["docker-compose-linux.yaml"], {}),
     "r2r": ("docker", ["compose.full.yaml"], {"COMPOSE_PROFILES": "postgres"}),
     "ragflow": (".", ["docker-compose.yml"], {}),
     "sentry-self-hosted": (".", ["docker-compose.yml"], {}),
     "supabase": (".", ["docker-compose.yml"], {}),
+    "superagi": (".", ["docker-compose.yaml"], {}),
+    "surfsense": ("docker", ["docker-compose.yml"], {}),
+    "taskingai": ("docker", ["docker-compose.yml"], {}),
     "temporal": (".", ["docker-compose-multirole.yaml"], {}),
+    "windmill": (".", ["docker-compose.yml"], {}),
     "zep-ce": ("legacy", ["docker-compose.ce.yaml"], {}),
     "zulip": (".", ["compose.yaml", "compose.override.yaml"], {}),
 }
+
+# project -> the --env-file its documentation runs it with (relative to its directory)
+ENV_FILES = {"plane": ["plane.env"]}
 
 
 def _load(name: str, tmp_path: Path, dockerfiles=None, added=None):
@@ -70,6 +81,7 @@ def _load(name: str, tmp_path: Path, dockerfiles=None, added=None):
         (cwd / path).write_text(text)
     files = files + sorted(p for p in (added or {}) if p.endswith(".yaml"))
     options = ProjectOptions(cwd=str(cwd), files=[str(cwd / f) for f in files],
+                             env_files=[str(cwd / f) for f in ENV_FILES.get(name, [])],
                              environ={"HOME": "/home/user", "USER": "user", **env})
     project = load_project(options)
     for service in (project.model.get("services") or {}).values():
@@ -129,6 +141,9 @@ WITH_LOOPBACK = {
     "onyx": "two model servers of one image on 9000: each copy on its own address",
     "r2r": "hatchet-dashboard on 80, in a config built into its image: onto the project's block",
     "ragflow": "the web front's 80 and 443, in an nginx config built into the ragflow image: onto the block",
+    "surfsense": "searxng and opensandbox-server on 8080, fixed in their images: each on its own address",
+    "taskingai": "frontend on 80 (onto the block); four backends of one image on 8000: each on its own address",
+    "windmill": "caddy on 25 and 80, its Caddyfile's: onto the block",
     "zulip": "25, 80 and 443, fixed inside the zulip image: onto the block",
 }
 

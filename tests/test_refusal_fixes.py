@@ -175,17 +175,23 @@ def test_a_flag_hint_goes_before_positional_arguments_and_takes_host_and_port(tm
 # Each refused project is refused once: its refusal names every port that cannot move.
 NAMED = [["named"]]
 TABLE = {
-    "airflow": "clean", "anythingllm": "clean", "bisheng": "clean", "coze-studio": "clean",
+    "airflow": "clean", "anythingllm": "clean", "bisheng": "clean", "cognita": "clean", "coze-studio": "clean",
     "fastgpt": [["named"] * 4],  # five servers on 3000 (Node's default): four must be told another port
     "flowise": "clean", "immich": "clean",
     "khoj": NAMED,               # search and sandbox both on 8080
     "langfuse": "clean", "librechat": "clean", "lobechat": "clean", "mattermost": "clean", "mem0": "clean",
-    "n8n-ai-starter": "clean", "nextcloud-fpm": "clean",
+    "milvus-cluster": "clean", "n8n-ai-starter": "clean", "nextcloud-fpm": "clean",
     "onyx": NAMED,               # two model servers of one image on 9000
-    "open-webui": "clean", "opik": "clean", "paperless-ngx": "clean", "plausible": "clean", "qanything": "clean",
+    "open-webui": "clean", "opik": "clean", "paperless-ngx": "clean", "penpot": "clean", "plane": "clean",
+    "plausible": "clean", "qanything": "clean",
     "r2r": NAMED,                # hatchet-dashboard on 80
     "ragflow": NAMED,            # 80 and 443 of the web front inside the ragflow image
-    "sentry-self-hosted": "clean", "supabase": "clean", "temporal": "clean", "zep-ce": "clean",
+    "sentry-self-hosted": "clean", "supabase": "clean", "superagi": "clean",
+    "surfsense": NAMED,          # searxng and opensandbox-server both on 8080
+    "taskingai": [["named"] * 4],  # frontend on 80, three backends of one image on 8000 beside backend-api
+    "temporal": "clean",
+    "windmill": NAMED,           # caddy on 25 and 80
+    "zep-ce": "clean",
     "zulip": NAMED,              # 25, 80 and 443
 }
 

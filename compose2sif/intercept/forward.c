@@ -1,6 +1,7 @@
 /* c2s-forward: one published port, the way Docker's userland proxy serves it.
  *
  *   c2s-forward LISTEN_ADDR:PORT TARGET_ADDR:PORT      (IPv6 addresses as [::]:8080 or :::8080)
+ *   c2s-forward --version
  *
  * Listens on LISTEN_ADDR:PORT and relays every connection to TARGET_ADDR:PORT, both directions,
  * half-closes passed on. One child process per connection (the listener never blocks on a slow
@@ -8,7 +9,8 @@
  * Docker's proxy drops its connections when the container stops.
  *
  * Exit codes: 1 and one line on stderr when it cannot listen (the address in use, a bad address),
- * 0 on SIGTERM/SIGINT. Linux, any libc; built static by compose2sif so that it runs on any node.
+ * 0 on SIGTERM/SIGINT. Linux, any libc; built static when compose2sif's package is built (setup.py)
+ * so that it runs on any node.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -26,6 +28,10 @@
 #include <unistd.h>
 
 #define BUFFER (128 * 1024)
+
+#ifndef C2S_VERSION
+#define C2S_VERSION "unversioned"  /* the package build (setup.py) gives the version and source digest */
+#endif
 
 /* "ADDR:PORT", "[V6]:PORT" or "V6:PORT" (the last colon separates the port) into a socket address. */
 static int parse(const char *text, struct sockaddr_storage *out, socklen_t *len)
@@ -176,6 +182,10 @@ int main(int argc, char **argv)
     socklen_t listen_len, target_len;
     int server, one = 1;
 
+    if (argc == 2 && !strcmp(argv[1], "--version")) {
+        printf("c2s-forward %s\n", C2S_VERSION);
+        return 0;
+    }
     if (argc != 3 || parse(argv[1], &listen_at, &listen_len) < 0 || parse(argv[2], &target, &target_len) < 0) {
         fprintf(stderr, "usage: c2s-forward LISTEN_ADDR:PORT TARGET_ADDR:PORT (numeric addresses)\n");
         return 1;

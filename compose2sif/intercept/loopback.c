@@ -3,6 +3,7 @@
  *   c2s-loopback --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--keep P]... [--record FILE]
  *                [--peers DIR] -- COMMAND [ARG]...
  *   c2s-loopback --check [--addr 127.A.B.C]     (exit 0: works here; 1 and one line: why not)
+ *   c2s-loopback --version
  *
  * For COMMAND and every process and thread it starts, bind/connect/sendto are relocated:
  *   - bind to 0.0.0.0, ::, 127.0.0.1, ::1 (or the service's own address) on port P goes to the
@@ -168,6 +169,9 @@ int main(int argc, char **argv)
         } else if (!strcmp(arg, "--check")) {
             check = 1;
             continue;
+        } else if (!strcmp(arg, "--version")) {
+            printf(NAME " %s\n", C2S_VERSION);
+            return 0;
         } else if (arg[0] != '-' || !value) {
             break;
         }

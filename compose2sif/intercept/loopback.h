@@ -3,7 +3,8 @@
  *   loopback_rules.c   where a sockaddr goes: own address, --map/--block/--keep, peers' records; the record
  *   loopback_ptrace.c  the seccomp filter, the tracees' memory and registers, what each stop does
  *   loopback_phase.h   where a tracee stands in a rewritten call (pure; tests/test_intercept.py drives it)
- * build.sh compiles every loopback*.c into one static binary. Each .c includes this header first. */
+ * The package build (setup.py) compiles every loopback*.c into one static binary. Each .c includes this
+ * header first. */
 #ifndef C2S_LOOPBACK_H
 #define C2S_LOOPBACK_H
 
@@ -21,6 +22,9 @@
 #endif
 
 #define NAME "c2s-loopback"
+#ifndef C2S_VERSION
+#define C2S_VERSION "unversioned"  /* the package build (setup.py) gives the version and source digest */
+#endif
 #define EXIT_SETUP 125
 
 /* ---- configuration: set by main from the options (and the kernel's version) ------------------- */
@@ -77,7 +81,7 @@ int install_filter(void);
 /* The tracee TID (a new one when CREATE), valid until the next find/forget. */
 struct tracee *find_tracee(pid_t tid, int create);
 void forget_tracee(pid_t tid);
-void resume(pid_t tid, enum __ptrace_request how, int sig);
+void resume(pid_t tid, int how, int sig);
 void on_seccomp_stop(struct tracee *t);
 void on_call_exit(struct tracee *t);
 

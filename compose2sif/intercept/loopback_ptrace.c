@@ -59,13 +59,16 @@ static int write_memory(pid_t tid, unsigned long addr, const void *buf, size_t l
     return 0;
 }
 
+/* a register as the C library declares it: unsigned long long in glibc, unsigned long in musl */
+typedef __typeof__(((struct user_regs_struct *)0)->rsi) reg_t;
+
 /* the sockaddr argument and its length: bind/connect(fd, addr, len), sendto(fd, buf, n, flags, addr, len) */
-static unsigned long long *addr_register(struct user_regs_struct *r, long nr)
+static reg_t *addr_register(struct user_regs_struct *r, long nr)
 {
     return nr == SYS_sendto ? &r->r8 : &r->rsi;
 }
 
-static unsigned long long addr_length(const struct user_regs_struct *r, long nr)
+static reg_t addr_length(const struct user_regs_struct *r, long nr)
 {
     return nr == SYS_sendto ? r->r9 : r->rdx;
 }
@@ -134,7 +137,7 @@ void forget_tracee(pid_t tid)
     }
 }
 
-void resume(pid_t tid, enum __ptrace_request how, int sig)
+void resume(pid_t tid, int how, int sig)
 {
     ptrace(how, tid, 0, (void *)(long)sig);  /* ESRCH: it died meanwhile; its exit comes next */
 }
@@ -170,7 +173,7 @@ void on_seccomp_stop(struct tracee *t)
         t->nr = (long)regs.orig_rax;
         t->fd = (long)regs.rdi;
         t->user_ptr = *addr_register(&regs, t->nr);
-        unsigned long long len = addr_length(&regs, t->nr);
+        reg_t len = addr_length(&regs, t->nr);
         t->parked = 0;
         t->retries = 0;
         if (t->user_ptr && len >= sizeof(struct sockaddr_in) && len <= sizeof t->original) {

@@ -21,6 +21,7 @@ cmd_up() {
     clean_stale up
     mapfile -t names < <(closure "${names[@]}")
     refuse_untraceable "${names[@]}" || { echo "run.sh: up: nothing was started" >&2; return 1; }
+    tell_forwarders "${names[@]}"  # how published ports are served on this node, or who will fail
     for name in "${names[@]}"; do
         remove_files "$RUNDIR/$name.status" "$RUNDIR/$name.timeline" "$RUNDIR/$name.progress" "$RUNDIR/$name.truth"
         probe_fakeroot "$name"

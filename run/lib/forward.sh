@@ -1,8 +1,9 @@
 # ---- run/lib/forward.sh: published ports served by forwarders, as Docker's proxy serves them ----
 
 # A port published on another number ([IP:]P:C) is not the service's: the service listens on its
-# own address and port C, and bin/c2s-forward (a static binary convert put beside run.sh, see
-# docs/ports.md) listens on IP:P and relays to it. S_FORWARDS holds pairs LISTEN TARGET. Each
+# own address and port C, and a forwarder listens on IP:P and relays to it: bin/ARCH/c2s-forward (a
+# static binary built with compose2sif's package, one per architecture, docs/ports.md), or where the
+# package has none for the node's architecture, the node's python3 running bin/c2s-forward.py. S_FORWARDS holds pairs LISTEN TARGET. Each
 # service's forwarders are recorded in RUNDIR/NAME.forward, one line "PID START LISTEN TARGET",
 # so that `down`, `ps` and a second `up` know them (a pid alone may name another process later).
 
@@ -20,22 +21,76 @@ live_forwarders() {
     return 0
 }
 
+# Why bin/$HOSTTYPE/$1 (a helper) is not there, in MISSING_WHY.
+MISSING_WHY=""
+missing_helper_why() {
+    local found=() path
+    for path in "$HERE"/bin/*/"$1"; do
+        [ -x "$path" ] || continue
+        path=${path%/*}
+        found+=("${path##*/}")
+    done
+    if [ ${#found[@]} -gt 0 ]; then
+        MISSING_WHY="compose2sif's package has no $1 for this node's architecture, $HOSTTYPE (only for ${found[*]})"
+    else
+        MISSING_WHY="no bin/$HOSTTYPE/$1: the compose2sif that converted this was not installed by pip, which builds its helpers (convert again with one that was)"
+    fi
+}
+
+# The forwarder this node runs, as command words in FORWARDER: the package's static one for the
+# node's architecture, else bin/c2s-forward.py under the node's python3 (FORWARDER_NOTE says so);
+# none (FORWARDER empty, MISSING_WHY why) where neither is there.
+FORWARDER=() FORWARDER_NOTE=""
+choose_forwarder() {
+    [ ${#FORWARDER[@]} -gt 0 ] && return 0
+    local binary="$HERE/bin/$HOSTTYPE/c2s-forward"
+    if [ -x "$binary" ]; then
+        FORWARDER=("$binary")
+        return 0
+    fi
+    missing_helper_why c2s-forward
+    if [ -f "$HERE/bin/c2s-forward.py" ] && hash python3 2>/dev/null; then
+        FORWARDER=("${BASH_CMDS[python3]}" "$HERE/bin/c2s-forward.py")
+        FORWARDER_NOTE="published ports: ${MISSING_WHY}; the node's ${BASH_CMDS[python3]} serves them (bin/c2s-forward.py)"
+        return 0
+    fi
+    MISSING_WHY="$MISSING_WHY, and the node has no python3 to run bin/c2s-forward.py instead"
+    return 1
+}
+
+# For `up`, before anything starts: where published ports are served by the Python fallback, one
+# line saying so; where nothing can serve them, one line for each service of $@ that will fail.
+tell_forwarders() {
+    local name
+    for name in "$@"; do
+        load_service "$name"
+        [ ${#S_FORWARDS[@]} -gt 0 ] || continue
+        if choose_forwarder; then
+            [ -n "$FORWARDER_NOTE" ] && note "$FORWARDER_NOTE"
+            return 0
+        fi
+        printf 'run.sh: up: %s will fail: its published ports (%s) need a forwarder: %s\n' "$name" \
+            "${S_FORWARDS[0]}" "$MISSING_WHY" >&2
+    done
+    return 0
+}
+
 # Start the forwarders of the loaded service that do not run yet, and wait until each listens.
 # Prints why not and fails when one cannot listen (its address in use: by whom).
 start_forwarders() {
-    local i at to pid t records=() uid inode forwarder="$HERE/bin/c2s-forward"
+    local i at to pid t records=() uid inode
     [ ${#S_FORWARDS[@]} -gt 0 ] || return 0
     live_forwarders "$S_NAME"
     records=("${FORWARD_LINES[@]}")
-    if [ ! -x "$forwarder" ]; then
-        echo "its published ports need $forwarder, which convert could not build (no C compiler there): convert again where \`cc\` is"
+    if ! choose_forwarder; then
+        echo "its published ports need a forwarder: $MISSING_WHY"
         return 1
     fi
     for ((i = 0; i < ${#S_FORWARDS[@]}; i += 2)); do
         at=${S_FORWARDS[i]} to=${S_FORWARDS[i + 1]}
         [ -n "${FORWARD_PID[$at]:-}" ] && continue
         # its own session's hangups ignored (an `up -d` from an ssh session that ends), no descriptor of ours
-        (trap '' HUP && exec "$forwarder" "$at" "$to") </dev/null >>"$STATE/logs/$S_NAME.forward.log" 2>&1 &
+        (trap '' HUP && exec "${FORWARDER[@]}" "$at" "$to") </dev/null >>"$STATE/logs/$S_NAME.forward.log" 2>&1 &
         pid=$!
         proc_start "$pid" || PROC_START=0
         records+=("$pid $PROC_START $at $to")

@@ -2,14 +2,14 @@
 
 # Docker gives every container a loopback of its own; here the services share the node's. Where
 # the node lets a process trace its children (ptrace) and filter system calls (seccomp),
-# bin/c2s-loopback (compose2sif/intercept/loopback.c, docs/interception.md) runs each service's
+# bin/ARCH/c2s-loopback (compose2sif/intercept/loopback.c, docs/interception.md) runs each service's
 # entry, healthchecks and execs with their binds and connects relocated to the service's own
 # address (S_OWN_ADDRESS), privileged ports onto LOOPBACK_BLOCK: ISOLATION=intercept. Elsewhere,
 # or with C2S_PORT_ISOLATION=plan, the addresses and ports convert told each service are all there
 # is: ISOLATION=plan. `up` decides (choose_isolation) and keeps the answer in RUNDIR/isolation,
 # "HOST REQUESTED MODE" then the reason; every other command reads it (isolation_mode).
 ISOLATION_DEFAULT=auto
-LOOPBACK="$HERE/bin/c2s-loopback"
+LOOPBACK="$HERE/bin/$HOSTTYPE/c2s-loopback"  # the node's architecture, as bash names it (uname -m)
 LOOPBACK_IN=/.c2s/loopback RECORDS_IN=/.c2s/records
 ISOLATION="" ISOLATION_WHY=""
 
@@ -67,7 +67,7 @@ choose_isolation() {
         return 0
     fi
     { read -r host asked mode && IFS= read -r why; } 2>/dev/null <"$RUNDIR/isolation"
-    if [ "$host" = "$HOSTNAME" ] && [ "$asked" = "$requested" ] && [ "$RUNDIR/isolation" -nt "$LOOPBACK" ]; then
+    if [ "$host" = "$HOSTNAME" ] && [ "$asked" = "$requested" ] && [ -x "$LOOPBACK" ] && [ "$RUNDIR/isolation" -nt "$LOOPBACK" ]; then
         ISOLATION=$mode ISOLATION_WHY=$why
     else
         mode=plan
@@ -76,7 +76,8 @@ choose_isolation() {
             [ -f "$S_SIF" ] && { sif=$S_SIF; break; }
         done
         if [ ! -x "$LOOPBACK" ]; then
-            why="no bin/c2s-loopback: convert could not build it (no C compiler or static C library where it ran)"
+            missing_helper_why c2s-loopback
+            why=$MISSING_WHY
         elif [ -z "$sif" ]; then
             why="no image is built yet to check c2s-loopback in"
         elif why=$("$RT" exec --bind "$LOOPBACK:$LOOPBACK_IN:ro" "$sif" "$LOOPBACK_IN" --check --addr "$S_OWN_ADDRESS" 2>&1); then

@@ -26,7 +26,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 base=${C2S_TESTBED:-/var/cache/compose2sif-testbed}
 mirror=${C2S_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 registry_port=${C2S_REGISTRY_PORT:-5000}
-node_packages=apptainer,squashfs-tools,uidmap,fuse2fs,squashfuse,fuse-overlayfs,python3,python3-yaml,python3-click,python3-jinja2,python3-requests,ca-certificates,curl,procps,iproute2,util-linux,bash,coreutils,gawk
+node_packages=apptainer,squashfs-tools,uidmap,fuse2fs,squashfuse,fuse-overlayfs,python3,python3-venv,python3-yaml,python3-click,python3-jinja2,python3-requests,ca-certificates,curl,procps,iproute2,util-linux,bash,coreutils,gawk
 base_packages=ca-certificates,curl,python3
 hpc_uid=${C2S_TESTBED_UID:-61000}  # a uid no account of the host machine is likely to have
 hash() { sha256sum | cut -c1-16; }

@@ -24,5 +24,6 @@ cd /
 if [ "$user" = root ]; then
     exec /bin/bash -c "$command"
 fi
-exec su - "$user" -c "export APPTAINER_NOHTTPS=1 PYTHONPATH=/work PYTHONDONTWRITEBYTECODE=1; $command"
+# compose2sif is the one pip installed in ~/c2s-venv (testbed.install_compose2sif), never /work's
+exec su - "$user" -c "export APPTAINER_NOHTTPS=1 PYTHONDONTWRITEBYTECODE=1 PATH=\"\$HOME/c2s-venv/bin:\$PATH\"; $command"
 INNER

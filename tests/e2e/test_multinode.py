@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import HERE, REPO
+from testbed import HERE, NODE_ENV, REPO
 
 pytestmark = pytest.mark.e2e
 
@@ -100,7 +100,7 @@ def two_nodes():
 
 def _on_node(node, host, ns, command):
     """argv running COMMAND as hpc on the test bed node, inside network namespace NS, as host HOST."""
-    script = f"export APPTAINER_NOHTTPS=1 PYTHONPATH=/work PYTHONDONTWRITEBYTECODE=1; {command}"
+    script = f"{NODE_ENV} {command}"
     return ["ip", "netns", "exec", ns, "unshare", "--uts", "--", "sh", "-c", 'hostname "$1" && shift && exec "$@"',
             "-", host, str(HERE / "enter.sh"), str(node.root), str(REPO), "bash", "-c", script]
 

@@ -14,6 +14,9 @@ from typing import Callable, Dict
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 BASE = Path(os.environ.get("C2S_TESTBED", "/var/cache/compose2sif-testbed"))  # as provision.sh has it
+# what every command as hpc on a node starts with: compose2sif is the one pip installed in ~/c2s-venv
+# (install_compose2sif), never the repository at /work
+NODE_ENV = 'export APPTAINER_NOHTTPS=1 PYTHONDONTWRITEBYTECODE=1 PATH="$HOME/c2s-venv/bin:$PATH";'
 
 
 @contextmanager
@@ -74,6 +77,17 @@ def registry(info: Dict[str, str]):
         log.close()
 
 
+def install_compose2sif(home: Path, uid: str, wheel: Path, run: Callable[[str], object]) -> None:
+    """Installs WHEEL into HOME/c2s-venv on a node (NODE_ENV puts it first on PATH), by RUN as hpc."""
+    wheels = home / "wheels"
+    shutil.rmtree(wheels, ignore_errors=True)
+    wheels.mkdir(parents=True)
+    shutil.copy(wheel, wheels)
+    subprocess.run(["chown", "-R", f"{uid}:{uid}", str(wheels)], check=True)
+    run(f"rm -rf ~/c2s-venv && /usr/bin/python3 -m venv --system-site-packages ~/c2s-venv && "
+        f"~/c2s-venv/bin/python3 -m pip install -q --no-index --disable-pip-version-check ~/wheels/{wheel.name}")
+
+
 class Node:
     """Runs commands as `hpc` on the test bed's node (the repository is at /work there)."""
 
@@ -88,7 +102,7 @@ class Node:
     def run(self, command: str, timeout: float = 600, hide_python: bool = False, check: bool = False):
         env = dict(os.environ, C2S_HIDE_PYTHON="1" if hide_python else "0",
                    C2S_BLOCK_USERNS="1" if self.mode == "setuid" else "0")
-        script = f"export APPTAINER_NOHTTPS=1 PYTHONPATH=/work PYTHONDONTWRITEBYTECODE=1; {command}"
+        script = f"{NODE_ENV} {command}"
         proc = subprocess.run([str(HERE / "enter.sh"), str(self.root), str(REPO), "bash", "-c", script],
                               capture_output=True, text=True, timeout=timeout, env=env)
         if check and proc.returncode != 0:
@@ -97,6 +111,12 @@ class Node:
 
     def c2s(self, args: str, **kw):
         return self.run(f"cd ~ && python3 -m compose2sif {args}", **kw)
+
+    def install_compose2sif(self, wheel: Path) -> None:
+        """compose2sif as a user installs it on a login node that has Python and pip and no C
+        compiler: a venv of the node's python3 (which sees its PyYAML and requests), then pip
+        install of the wheel this run built (conftest.py), from a file, no index."""
+        install_compose2sif(self.home, self.uid, wheel, lambda command: self.run(command, timeout=300, check=True))
 
     def copy_stack(self, name: str, source: str = "stack") -> Path:
         target = self.home / name

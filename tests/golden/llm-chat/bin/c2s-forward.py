@@ -1,0 +1,1 @@
+<c2s-forward.py of the package>
