@@ -13,7 +13,8 @@ Prints, for `up -d` of the 7-service stack (SIFs already built):
 
 To compare two versions of compose2sif, the same test bed (this tree's tests/e2e) drives another
 checkout through its own CLI and run.sh: `--repo DIR` is bound at /work on the node in place of
-this tree, each checkout with an output directory of its own (and, with --sif-cache, a SIF
+this tree and its wheel, built by pip, installed there (an older checkout with no setup.py gives a
+wheel without helpers: it compiled them at convert time, where cc was), each checkout with an output directory of its own (and, with --sif-cache, a SIF
 cache of its own: compose2sif since 06e226d keys a registry image's SIF as before but builds it
 from docker:// without the start script, which an older run.sh expects inside); `--record FILE` appends each run's
 figures as a JSON line, and `--compare FILE` prints the medians per checkout and new/old ratios
@@ -30,6 +31,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,14 +51,10 @@ def timeline(node: Node, out: str, service: str):
     return events
 
 
-def forwarder_ready(repo: Path) -> None:
-    """The forwarder of published ports built in REPO where that checkout has one (the node has no
-    C compiler; tests/e2e/conftest.py does the same for the tests)."""
-    if not (repo / "compose2sif" / "forwarder.py").is_file():
-        return
-    code = "import sys; from compose2sif import forwarder as f; sys.exit(0 if f.fresh() or f.build(f.PREBUILT) else 1)"
-    subprocess.run([sys.executable, "-c", code], cwd=repo, check=True,
-                   env=dict(os.environ, PYTHONPATH=str(repo)))
+def wheel_of(repo: Path, directory: str) -> Path:
+    """REPO's wheel, built by pip (its helpers with it), for the node to install as a user does."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", directory, str(repo)], check=True)
+    return next(Path(directory).glob("compose2sif-*.whl"))
 
 
 def timed(node: Node, command: str, timeout: float) -> float:
@@ -70,12 +68,12 @@ def bench(runs: int, repo: Path, sif_cache: str):
     testbed.REPO = repo  # Node.run binds testbed.REPO at /work on the node
     out = "bench-" + hashlib.sha256(f"{repo} {sif_cache}".encode()).hexdigest()[:8]  # one per checkout
     run_sh = f"cd ~ && C2S_SIF_CACHE={shlex.quote(sif_cache)} {out}/run.sh" if sif_cache else f"cd ~ && {out}/run.sh"
-    forwarder_ready(repo)
     info = provision()
     records = []
-    with taken(), registry(info):
+    with taken(), registry(info), tempfile.TemporaryDirectory() as wheels:
         node = Node(Path(info["NODE"]), info["REGISTRY_PORT"], info["HPC_UID"])
         node.kill_all()
+        node.install_compose2sif(wheel_of(repo, wheels))
         node.copy_stack("bench-stack")
         node.c2s(f"-f bench-stack/compose.yaml convert --registry-mirror {node.registry} -o {out}", check=True)
         first_build = timed(node, f"{run_sh} build", 1500)

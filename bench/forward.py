@@ -11,7 +11,7 @@ median of interleaved rounds.
 3. Connection latency: connect, one 64-byte round trip and close, each on a new connection, p50
    and p99 (the forwarder forks a process per connection and connects on to the server).
 The servers are this script's own (Python threads: every figure has the same server and client
-cost in both columns, so the ratio is the forwarder's). Needs cc (the forwarder is built here), or --binary.
+cost in both columns, so the ratio is the forwarder's). Takes the installed package's forwarder, or --binary.
 """
 import argparse
 import os
@@ -19,14 +19,13 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from compose2sif import forwarder  # noqa: E402
+from compose2sif import helpers  # noqa: E402
 
 CHUNK = 1 << 20
 MESSAGE = 64
@@ -151,32 +150,31 @@ def main():
     parser.add_argument("--megabytes", type=int, default=1024)
     parser.add_argument("--pings", type=int, default=20000)
     parser.add_argument("--connects", type=int, default=2000)
-    parser.add_argument("--binary", help="a forwarder built beforehand (default: built here with cc)")
+    parser.add_argument("--binary", help="the forwarder to measure (default: the installed package's, for x86_64)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        binary = args.binary or os.path.join(tmp, "c2s-forward")
-        if not args.binary and not forwarder.build(binary):
-            raise SystemExit("cannot build the forwarder (cc)")
-        sink_listener, echo_listener = listener(), listener()
-        serve(sink_listener, sink)
-        serve(echo_listener, echo)
-        sink_port, echo_port = sink_listener.getsockname()[1], echo_listener.getsockname()[1]
-        fwd_sink, fwd_sink_port = start_forwarder(binary, sink_port)
-        fwd_echo, fwd_echo_port = start_forwarder(binary, echo_port)
-        results = {k: {"direct": [], "forwarded": []} for k in ("mbs", "p50", "p99", "c50", "c99")}
-        try:
-            for _ in range(args.rounds):  # interleaved: drift on a shared machine falls on both columns
-                for kind, sp, ep in (("direct", sink_port, echo_port), ("forwarded", fwd_sink_port, fwd_echo_port)):
-                    results["mbs"][kind].append(throughput(sp, args.megabytes))
-                    times = round_trips(ep, args.pings)
-                    results["p50"][kind].append(percentile(times, 50))
-                    results["p99"][kind].append(percentile(times, 99))
-                    times = connections(ep, args.connects)
-                    results["c50"][kind].append(percentile(times, 50))
-                    results["c99"][kind].append(percentile(times, 99))
-        finally:
-            fwd_sink.kill()
-            fwd_echo.kill()
+    binary = args.binary or os.path.join(helpers.PACKAGED, "x86_64", helpers.FORWARD)
+    if not os.access(binary, os.X_OK):
+        raise SystemExit(f"no forwarder at {binary}: `python3 -m pip install -e .` builds it")
+    sink_listener, echo_listener = listener(), listener()
+    serve(sink_listener, sink)
+    serve(echo_listener, echo)
+    sink_port, echo_port = sink_listener.getsockname()[1], echo_listener.getsockname()[1]
+    fwd_sink, fwd_sink_port = start_forwarder(binary, sink_port)
+    fwd_echo, fwd_echo_port = start_forwarder(binary, echo_port)
+    results = {k: {"direct": [], "forwarded": []} for k in ("mbs", "p50", "p99", "c50", "c99")}
+    try:
+        for _ in range(args.rounds):  # interleaved: drift on a shared machine falls on both columns
+            for kind, sp, ep in (("direct", sink_port, echo_port), ("forwarded", fwd_sink_port, fwd_echo_port)):
+                results["mbs"][kind].append(throughput(sp, args.megabytes))
+                times = round_trips(ep, args.pings)
+                results["p50"][kind].append(percentile(times, 50))
+                results["p99"][kind].append(percentile(times, 99))
+                times = connections(ep, args.connects)
+                results["c50"][kind].append(percentile(times, 50))
+                results["c99"][kind].append(percentile(times, 99))
+    finally:
+        fwd_sink.kill()
+        fwd_echo.kill()
     print(f"forwarder (compose2sif/intercept/forward.c) vs direct, 127.0.0.1, median of {args.rounds} rounds, "
           f"{os.cpu_count()} CPUs")
     print(f"{'':38} {'direct':>10} {'forwarded':>10} {'ratio':>7}")

@@ -365,7 +365,7 @@ keeper() {
     if [ "$rank" = 0 ]; then
         in_sif "${sif_opts[@]}" "$ray_sif" ray start --head --block --node-ip-address="$addr" --port="$ray_port" \
             --num-gpus=0 --include-dashboard=false --disable-usage-stats --temp-dir="$ray_tmp"
-        printf '%s\n' "$addr" >"$job_dir/ray-head.address.tmp" && mv "$job_dir/ray-head.address.tmp" "$job_dir/ray-head.address"
+        printf '%s\n' "$addr" >"$job_dir/ray-head.address.$BASHPID" && mv "$job_dir/ray-head.address.$BASHPID" "$job_dir/ray-head.address"
         until [ "$(ray_nodes "$addr:$ray_port")" -ge "$nodes" ]; do
             [ "$waited" -ge "$cluster_timeout" ] && fail "the Ray cluster did not reach $nodes nodes in ${cluster_timeout}s"
             kill -0 "${started[0]}" 2>/dev/null || fail "the Ray head exited (its log: $ray_tmp)"
@@ -373,7 +373,7 @@ keeper() {
             pause 3
             waited=$((waited + 3))
         done
-        printf '%s %s\n' "$addr" "$ifname" >"$job_dir/ray-head.tmp" && mv "$job_dir/ray-head.tmp" "$job_dir/ray-head"
+        printf '%s %s\n' "$addr" "$ifname" >"$job_dir/ray-head.$BASHPID" && mv "$job_dir/ray-head.$BASHPID" "$job_dir/ray-head"
     else
         local head
         until [ -s "$job_dir/ray-head.address" ]; do

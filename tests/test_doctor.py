@@ -140,3 +140,37 @@ def test_each_service_only_a_loopback_of_its_own_runs_is_a_fail_line_where_there
     (tmp_path / "sif" / "py.sif").write_text("")
     assert untraceable_lines(str(tmp_path)) == [
         ("fail", "service low: `up` refuses it on this node: service 'low' listens on port 80 (seen in: ports) ...; fix: X")]
+
+
+def test_doctor_names_each_helpers_version_and_origin_and_what_a_missing_one_costs(project, monkeypatch):
+    """doctor's lines on the helpers of bin/ARCH/: each that runs here, with its version and where
+    it came from; where the node's architecture has no forwarder, the Python fallback, or, with
+    no python3 either, each service whose published ports fail."""
+    from compose2sif import doctor
+    tmp_path, _, _ = project
+    out = tmp_path / "out"
+    listing = json.loads((out / "bin" / "helpers.json").read_text())
+    version = {h["name"]: h["version"] for h in listing["helpers"] if h["arch"] == "x86_64"}
+    origin = f"built with {listing['toolchain']} by the compose2sif 0.1.0 package build"
+    monkeypatch.setattr(doctor, "node_architecture", lambda: "x86_64")
+    lines = doctor.helper_lines(str(out))
+    assert [level for level, _ in lines] == ["ok", "ok"]
+    assert lines[0][1].startswith(f"helper c2s-forward {version['c2s-forward']} (x86_64): {origin}, sha256 ")
+    assert lines[1][1].startswith(f"helper c2s-loopback {version['c2s-loopback']} (x86_64): {origin}, sha256 ")
+    # an aarch64 node reads the same output: its forwarder, no tracer (isolation_line says so)
+    monkeypatch.setattr(doctor, "node_architecture", lambda: "ppc64le")
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: "/usr/bin/python3" if name == "python3" else None)
+    assert doctor.helper_lines(str(out)) == [
+        ("warn", "published ports: compose2sif's package has no c2s-forward for this node's architecture, ppc64le "
+                 "(only for aarch64, x86_64); the node's /usr/bin/python3 serves them (bin/c2s-forward.py)")]
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: None)
+    assert doctor.helper_lines(str(out)) == [
+        ("fail", "service web: `up` will fail it: its published ports need a forwarder: compose2sif's package has no "
+                 "c2s-forward for this node's architecture, ppc64le (only for aarch64, x86_64), and the node has no "
+                 "python3 to run bin/c2s-forward.py instead")]
+    # a helper that does not run here is a fail naming it
+    monkeypatch.setattr(doctor, "node_architecture", lambda: "x86_64")
+    (out / "bin" / "x86_64" / "c2s-forward").write_bytes(b"\x7fELF" + bytes(60))  # a truncated binary
+    assert doctor.helper_lines(str(out))[0][0] == "fail"
+    assert doctor.helper_lines(str(out))[0][1].startswith("helper c2s-forward (x86_64, bin/x86_64/c2s-forward) does not "
+                                                          "run here: ")

@@ -210,8 +210,12 @@ def test_a_published_port_held_by_another_process_is_named(project, ports):
     assert (f"its published port 127.0.0.1:{ports[3]} (forwarded to {own('local')}:7000) is held by another "
             f"process on this node (pid ") in proc.stdout, proc.stdout
     child = open(f"/proc/{holder}/task/{holder}/children").read().split()[0]  # the stand-in server itself
-    assert f"(pid {child}: python3 -c import http.server" in proc.stdout and proc.stdout.endswith(", of user root)\n" if
-                                                                                                 os.getuid() == 0 else ")\n")
+    # its command line as the kernel has it: `python3` as the shell found it (a pyenv shim, say,
+    # execs the interpreter by its full path), then -c and the code
+    command = open(f"/proc/{child}/cmdline").read().replace("\0", " ")[:80].rstrip()
+    assert command.split()[1:4] == ["-c", "import", "http.server"], command
+    assert f"(pid {child}: {command}, of user " in proc.stdout and proc.stdout.endswith(
+        ", of user root)\n" if os.getuid() == 0 else ")\n"), proc.stdout
 
 
 def test_a_service_on_all_interfaces_is_told_in_one_line_and_shown_by_ps(project, ports):
@@ -283,14 +287,16 @@ def test_without_a_forwarder_for_the_nodes_architecture_its_python3_serves_the_p
     (tmp_path / "out" / "bin" / "x86_64" / "c2s-forward").unlink()
     standin_server(started, own("web"), 8000, "c2s-standin-web")
     proc = run_lib(tmp_path, 'tell_forwarders web && load_service web && start_forwarders && cat "$RUNDIR/web.forward"')
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stderr.startswith("[") and proc.stderr.split("] ", 1)[1] == (
-        "published ports: compose2sif's package has no c2s-forward for this node's architecture, "
-                           "x86_64 (only for aarch64); the node's /usr/bin/python3 serves them (bin/c2s-forward.py)\n")
-    pid = int(proc.stdout.split()[0])
-    assert "bin/c2s-forward.py" in open(f"/proc/{pid}/cmdline").read()
-    assert get(f"http://127.0.0.1:{ports[0]}/") == 200
-    stop = run_lib(tmp_path, 'stop_forwarders web && wait_ended "${FORWARDERS_ENDED[@]}"')
+    try:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stderr.startswith("[") and proc.stderr.split("] ", 1)[1] == (
+            "published ports: compose2sif's package has no c2s-forward for this node's architecture, "
+            "x86_64 (only for aarch64); the node's /usr/bin/python3 serves them (bin/c2s-forward.py)\n")
+        pid = int(proc.stdout.split()[0])
+        assert "bin/c2s-forward.py" in open(f"/proc/{pid}/cmdline").read()
+        assert get(f"http://127.0.0.1:{ports[0]}/") == 200
+    finally:
+        stop = run_lib(tmp_path, 'stop_forwarders web && wait_ended "${FORWARDERS_ENDED[@]}"')
     assert stop.returncode == 0, stop.stderr
     assert not listens(ports[0])
 

@@ -88,7 +88,7 @@ cmd_up() {
     fi
     note "up: ${names[*]}"
     print_entry_points
-    printf '%s\n' "${names[@]}" >"$RUNDIR/supervised"
+    write_lines "$RUNDIR/supervised" "${names[@]}"
     if [ "$detach" = 1 ]; then
         if needs_supervisor; then
             # ignored from the fork on: where run.sh leads its terminal's session (`ssh -t node

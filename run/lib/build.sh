@@ -107,13 +107,13 @@ build_one() {
         return 1
     fi
     # in the output directory: a localimage stage's From (sif/KEY.sif) is relative to it
-    if (cd "$HERE" && exec env "${BUILD_ENV[@]}" "$RT" build --force "${flags[@]}" "$cached.$$.tmp" "$source") >"$log" 2>&1 &&
-        mv -f "$cached.$$.tmp" "$cached"; then
-        if [ -n "$want" ]; then printf '%s\n' "$want" >"$cached.source"; else rm -f "$cached.source"; fi
+    if (cd "$HERE" && exec env "${BUILD_ENV[@]}" "$RT" build --force "${flags[@]}" "$cached.$BASHPID.tmp" "$source") >"$log" 2>&1 &&
+        mv -f "$cached.$BASHPID.tmp" "$cached"; then
+        if [ -n "$want" ]; then write_lines "$cached.source" "$want"; else rm -f "$cached.source"; fi
         link_sif "$cached" "$sif" "$digest"
         build_state "$key" "built"
     else
-        rm -f "$cached.$$.tmp"
+        rm -f "$cached.$BASHPID.tmp"
         build_state "$key" "failed (log: $log)"
         return 1
     fi
@@ -242,7 +242,7 @@ refuse_missing_images() {
 link_sif() {
     rm -f "$2" "$2.digest" "$2.source"  # replaced, never written through
     ln "$1" "$2" 2>/dev/null || ln -s "$1" "$2" || return 1
-    printf '%s\n' "$3" >"$2.digest"
+    write_lines "$2.digest" "$3"
     if [ -f "$1.source" ]; then cp -f "$1.source" "$2.source"; else rm -f "$2.source"; fi
 }
 

@@ -6,6 +6,14 @@
 die() { echo "run.sh: $*" >&2; exit 1; }
 note() { echo "[$PROJECT] $*" >&2; }
 
+# FILE gets the lines LINE..., written beside it under a name of this process's own ($BASHPID: each
+# subshell's, where $$ is the script's) and renamed into place: a reader sees all of it or the old file.
+write_lines() {
+    local file=$1
+    shift
+    printf '%s\n' "$@" >"$file.$BASHPID" && mv -f "$file.$BASHPID" "$file"
+}
+
 version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" = "$2" ]; }
 
 # rm -rf only what lies inside the output directory once its parent is resolved: a link planted

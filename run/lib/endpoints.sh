@@ -297,7 +297,7 @@ record_truth() {
         lines+=("$l")
     done
     if [ ${#lines[@]} -gt 0 ]; then
-        printf '%s\n' "${lines[@]}" >"$RUNDIR/$me.truth"
+        write_lines "$RUNDIR/$me.truth" "${lines[@]}"
     else
         remove_files "$RUNDIR/$me.truth"
     fi

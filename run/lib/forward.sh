@@ -2,9 +2,9 @@
 
 # A port published on another number ([IP:]P:C) is not the service's: the service listens on its
 # own address and port C, and a forwarder listens on IP:P and relays to it: bin/ARCH/c2s-forward (a
-# static binary built with compose2sif's package, one per architecture, docs/ports.md), or where the
-# package has none for the node's architecture, the node's python3 running bin/c2s-forward.py. S_FORWARDS holds pairs LISTEN TARGET. Each
-# service's forwarders are recorded in RUNDIR/NAME.forward, one line "PID START LISTEN TARGET",
+# static binary built with compose2sif's package, one per architecture, docs/ports.md), or where
+# the package has none for the node's architecture, the node's python3 running bin/c2s-forward.py.
+# S_FORWARDS holds pairs LISTEN TARGET. Each service's forwarders are recorded in RUNDIR/NAME.forward, one line "PID START LISTEN TARGET",
 # so that `down`, `ps` and a second `up` know them (a pid alone may name another process later).
 
 # The live forwarders of service $1, in FORWARD_PID (LISTEN -> pid) and FORWARD_LINES (its records).
@@ -94,7 +94,7 @@ start_forwarders() {
         pid=$!
         proc_start "$pid" || PROC_START=0
         records+=("$pid $PROC_START $at $to")
-        printf '%s\n' "${records[@]}" >"$RUNDIR/$S_NAME.forward"
+        write_lines "$RUNDIR/$S_NAME.forward" "${records[@]}"
         for ((t = 0; t < 100; t++)); do  # up to 5 s
             grep -q "^$at " < <(endpoint_listeners "$at") && kill -0 "$pid" 2>/dev/null && break
             if ! kill -0 "$pid" 2>/dev/null; then

@@ -117,7 +117,7 @@ record_helpers() {
             case "$comm" in squashfuse* | fuse-overlayfs | fuse2fs) helpers+=("$pid") ;; esac
         done
     done
-    printf '%s\n' "$IPID $PARENT ${helpers[*]}" >"$RUNDIR/$S_NAME.helpers"
+    write_lines "$RUNDIR/$S_NAME.helpers" "$IPID $PARENT ${helpers[*]}"
 }
 
 # Whether a recorded FUSE helper of instance IPID has gone: its root filesystem then answers

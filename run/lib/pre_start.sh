@@ -35,7 +35,7 @@ run_pre_start() {
             set_status "$S_NAME" "failed pre_start[$n] exited with code $rc${last:+: $last} (output: ${log#"$HERE"/})"
             return 1
         fi
-        printf '%s\n' "$print" >"$done_file"
+        write_lines "$done_file" "$print"
     done
     # a tmpfs is the container's own: what a step wrote in one is not the service's
     if [ "$ran" = 1 ]; then

@@ -33,7 +33,7 @@ proc_start() {
 same_process() { [ -n "$1" ] && proc_start "$1" && [ "$PROC_START" = "$2" ]; }
 
 # Record process $1 in file $2 as "PID START" (see same_process).
-write_pid_record() { proc_start "$1"; printf '%s %s\n' "$1" "$PROC_START" >"$2"; }
+write_pid_record() { proc_start "$1"; write_lines "$2" "$1 $PROC_START"; }
 
 # Wait until the given processes have all ended (gone, or zombies), up to 10 s: every one is
 # looked at in each round of 0.01 s, and one that has ended is not looked at again.

@@ -24,7 +24,7 @@ draw_block() {
 PROGRESS_TTY=0
 progress() {
     if [ "$PROGRESS_TTY" = 1 ]; then
-        printf '%(%s)T %s\n' -1 "$2" >"$RUNDIR/$1.progress"
+        printf '%(%s)T %s\n' -1 "$2" >"$RUNDIR/$1.progress.$BASHPID" && mv -f "$RUNDIR/$1.progress.$BASHPID" "$RUNDIR/$1.progress"
     else
         note "$1: $2"
     fi
@@ -76,7 +76,7 @@ watch_progress() {
 LIVE=0 BUILD_KEYS=()
 build_state() {
     if [ "$LIVE" = 1 ]; then
-        printf '%(%s)T %s\n' -1 "$2" >"$RUNDIR/build-$1.state.tmp" && mv -f "$RUNDIR/build-$1.state.tmp" "$RUNDIR/build-$1.state"
+        printf '%(%s)T %s\n' -1 "$2" >"$RUNDIR/build-$1.state.$BASHPID" && mv -f "$RUNDIR/build-$1.state.$BASHPID" "$RUNDIR/build-$1.state"
     else
         note "image $1: $2"
     fi

@@ -87,7 +87,7 @@ runtime_mode() {
     else
         cfg=$("$RT" buildcfg 2>/dev/null) || cfg=""
         if [ -d "$RUNDIR" ]; then
-            printf '%s\n%s\n' "$bin" "$cfg" >"$cache.$$" && mv -f "$cache.$$" "$cache"
+            printf '%s\n%s\n' "$bin" "$cfg" >"$cache.$BASHPID" && mv -f "$cache.$BASHPID" "$cache"
         fi
     fi
     while IFS='=' read -r key value; do
@@ -135,8 +135,8 @@ shadow_image_dirs() {
     [ "$RT_MODE" = setuid ] || return 0
     local list="$RUNDIR/${S_SIF##*/}.dirs"
     if ! [ -f "$list" ] || [ "$S_SIF" -nt "$list" ]; then
-        "$RT" exec "$S_SIF" find / -xdev -type d ! -perm -0002 ! -user "$EUID" -print0 >"$list.$$" 2>/dev/null
-        mv -f "$list.$$" "$list"
+        "$RT" exec "$S_SIF" find / -xdev -type d ! -perm -0002 ! -user "$EUID" -print0 >"$list.$BASHPID" 2>/dev/null
+        mv -f "$list.$BASHPID" "$list"
     fi
     mkdir -p "$1/upper" "$1/work" || return 0
     (cd "$1/upper" && sed -z 's|^/|./|' "$list" | xargs -0 -r mkdir -p 2>/dev/null)

@@ -36,7 +36,7 @@ assign_gpus() {
                     ;;
             esac
         done
-        printf '%s\n' "$ids" >"$RUNDIR/$name.gpus"
+        write_lines "$RUNDIR/$name.gpus" "$ids"
     done
 }
 

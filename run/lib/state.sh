@@ -3,7 +3,7 @@
 # Service $1's status (RUNDIR/NAME.status) becomes $2, and its timeline gets a line "TIME WORD".
 set_status() {
     local file="$RUNDIR/$1.status"
-    printf '%s\n' "$2" >"$file.tmp" && mv -f "$file.tmp" "$file"
+    write_lines "$file" "$2"
     now_seconds
     printf '%s %s\n' "$NOW_SECONDS" "${2%% *}" >>"$RUNDIR/$1.timeline"
 }
@@ -34,7 +34,7 @@ prepare_state() {
         printf '%s' "${node[@]}"
         echo "# compose2sif: $PROJECT"
         cat "$HERE/hosts.names"
-    } >"$STATE/hosts.tmp" && mv -f "$STATE/hosts.tmp" "$STATE/hosts"
+    } >"$STATE/hosts.$BASHPID" && mv -f "$STATE/hosts.$BASHPID" "$STATE/hosts"
     chmod 0644 "$STATE/hosts"
 }
 

@@ -36,8 +36,8 @@ choose_storage() {
                     break
                 fi
             done
-            (umask 077 && mkdir -p "$STATE" && rm -f "$STATE/storage.tmp" && printf '%s\n' "$STORAGE" >"$STATE/storage.tmp" &&
-                mv -f "$STATE/storage.tmp" "$STATE/storage") || die "cannot write $STATE/storage"
+            (umask 077 && mkdir -p "$STATE" && printf '%s\n' "$STORAGE" >"$STATE/storage.$BASHPID" &&
+                mv -f "$STATE/storage.$BASHPID" "$STATE/storage") || die "cannot write $STATE/storage"
             note "storage: SIFs and build caches go to $STORAGE ($STORAGE_WHY; C2S_STORAGE moves them)"
         fi
     fi

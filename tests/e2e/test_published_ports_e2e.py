@@ -63,7 +63,7 @@ services:
 
 
 def forwarders(node):
-    return [p for p in node.processes() if "bin/c2s-forward" in p]
+    return [p for p in node.processes() if "/c2s-forward " in p]
 
 
 def test_a_published_port_answers_on_the_node_through_its_forwarder_until_down(bed):
