@@ -2,7 +2,8 @@
 (issue 38): each is written under a name of its writer's own and renamed into place, so that many
 services of one image started at once neither collide on a temporary file nor leave a state file
 half-written. run/'s files are sourced on their own; the runtime is a STAND-IN (a bash function
-that prints an image's directory list slowly)."""
+that prints an image's directory list slowly: a program, as the runtime is, since bash makes a
+program's redirections in its child, where $BASHPID is the child's)."""
 import re
 import subprocess
 from pathlib import Path
@@ -57,12 +58,12 @@ def test_services_of_one_image_started_at_once_share_its_directory_list(tmp_path
     image starting together each find it missing and list it: the STAND-IN runtime prints slowly,
     so the writers overlap. No `mv: cannot stat`, every overlay gets every directory, the list whole."""
     (tmp_path / "img.sif").write_text("")
+    standin = tmp_path / "standin-runtime"  # exec SIF find / ...: the image's directories, NUL-separated, slowly
+    standin.write_text("#!/bin/bash\nfor d in /usr /usr/lib /var /var/lib/app /opt/x; do printf '%s\\0' \"$d\"; "
+                       "sleep 0.02; done\n")
+    standin.chmod(0o755)
     script = r'''
-        RT=standin_runtime RT_MODE=setuid S_SIF="$RUNDIR/img.sif" EUID_=$EUID
-        standin_runtime() {  # exec SIF find / ...: the image's directories, NUL-separated, slowly
-            local d
-            for d in /usr /usr/lib /var /var/lib/app /opt/x; do printf '%s\0' "$d"; sleep 0.02; done
-        }
+        RT="$RUNDIR/standin-runtime" RT_MODE=setuid S_SIF="$RUNDIR/img.sif"
         for s in $(seq 12); do shadow_image_dirs "$RUNDIR/overlay$s" & done
         wait
     '''

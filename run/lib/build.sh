@@ -106,14 +106,16 @@ build_one() {
         build_state "$key" "failed (log: $log)"
         return 1
     fi
-    # in the output directory: a localimage stage's From (sif/KEY.sif) is relative to it
-    if (cd "$HERE" && exec env "${BUILD_ENV[@]}" "$RT" build --force "${flags[@]}" "$cached.$BASHPID.tmp" "$source") >"$log" 2>&1 &&
-        mv -f "$cached.$BASHPID.tmp" "$cached"; then
+    # in the output directory: a localimage stage's From (sif/KEY.sif) is relative to it; the SIF
+    # under a name of this process's own (the build runs in a subshell: its $BASHPID is another)
+    local partial="$cached.$BASHPID.tmp"
+    if (cd "$HERE" && exec env "${BUILD_ENV[@]}" "$RT" build --force "${flags[@]}" "$partial" "$source") >"$log" 2>&1 &&
+        mv -f "$partial" "$cached"; then
         if [ -n "$want" ]; then write_lines "$cached.source" "$want"; else rm -f "$cached.source"; fi
         link_sif "$cached" "$sif" "$digest"
         build_state "$key" "built"
     else
-        rm -f "$cached.$BASHPID.tmp"
+        rm -f "$partial"
         build_state "$key" "failed (log: $log)"
         return 1
     fi

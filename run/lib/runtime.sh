@@ -133,10 +133,11 @@ env_flags() {
 # RUNDIR/KEY.sif.dirs.
 shadow_image_dirs() {
     [ "$RT_MODE" = setuid ] || return 0
-    local list="$RUNDIR/${S_SIF##*/}.dirs"
+    local list="$RUNDIR/${S_SIF##*/}.dirs" partial
     if ! [ -f "$list" ] || [ "$S_SIF" -nt "$list" ]; then
-        "$RT" exec "$S_SIF" find / -xdev -type d ! -perm -0002 ! -user "$EUID" -print0 >"$list.$BASHPID" 2>/dev/null
-        mv -f "$list.$BASHPID" "$list"
+        partial="$list.$BASHPID"  # (named here: the redirection of a program is made in its child, another BASHPID)
+        "$RT" exec "$S_SIF" find / -xdev -type d ! -perm -0002 ! -user "$EUID" -print0 >"$partial" 2>/dev/null
+        mv -f "$partial" "$list"
     fi
     mkdir -p "$1/upper" "$1/work" || return 0
     (cd "$1/upper" && sed -z 's|^/|./|' "$list" | xargs -0 -r mkdir -p 2>/dev/null)
