@@ -9,7 +9,6 @@ from any stage that names a service is pointed at that service's definition (one
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from typing import TYPE_CHECKING, Callable, Dict, Iterator, NamedTuple, Optional, Sequence, Tuple
 
@@ -79,7 +78,7 @@ def convert(project_options: ProjectOptions, options: ConvertOptions,
     each line for the user (warnings and notes), in order."""
     from compose2sif import adapters, helpers, render
     from compose2sif.plan import PlanOptions, build_plan, generated
-    from compose2sif.plan.network import node_listeners, parse_address_block
+    from compose2sif.plan.network import parse_address_block
     project = load(project_options, warn)
     out_dir = output_dir(project, options.output)
     sources = _image_sources(options.image_sources)
@@ -95,7 +94,7 @@ def convert(project_options: ProjectOptions, options: ConvertOptions,
     plan_options = PlanOptions(
         registry_mirror=options.registry_mirror, image_sources=sources, port_base=options.port_base,
         address_block=parse_address_block(options.address_block) if options.address_block else None,
-        busy=node_listeners() - _previous_endpoints(out_dir), tls=bool(options.tls or options.tls_cert),
+        tls=bool(options.tls or options.tls_cert),
         tls_files=(os.path.abspath(options.tls_cert), os.path.abspath(options.tls_key)) if options.tls_cert else None,
         presets=presets, secrets=generated.Replacer(table, chosen) if chosen else None,
         ssrf_allow=list(options.ssrf_allow), loopback=helpers.has(helpers.LOOPBACK))
@@ -141,15 +140,3 @@ def _image_configs(project: Project, sources: Dict[str, str], mirror: Optional[s
                      f"({type(exc).__name__}); its WORKDIR and exposed ports are unknown")
     return configs
 
-
-def _previous_endpoints(out_dir: str) -> set:
-    """(address, port) of an earlier plan of this output dir: ours, so not 'busy' when we plan again."""
-    try:
-        with open(os.path.join(out_dir, "plan.json"), encoding="utf-8") as fh:
-            plan = json.load(fh)
-        ours = {(p["address"], p["host"]) for s in plan.get("services", []) for p in s.get("ports", [])}
-        ours |= {(p["forward"].rsplit(":", 1)[0], int(p["forward"].rsplit(":", 1)[1]))  # its forwarders
-                 for s in plan.get("services", []) for p in s.get("ports", []) if p.get("forward")}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return set()
-    return ours | {("::", port) for address, port in ours if address == "0.0.0.0"}  # a config may listen on [::] too

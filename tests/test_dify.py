@@ -415,5 +415,5 @@ def test_sandbox_ids_follow_its_version(tmp_path, image, ids):
     from compose2sif.plan import PlanOptions, build_plan
     (tmp_path / "compose.yaml").write_text(f"services:\n  sandbox:\n    image: {image}\n")
     project = load_project(ProjectOptions(cwd=str(tmp_path), environ={"HOME": "/home/u"}))
-    plan = build_plan(project, PlanOptions(port_base=30000, busy=set()))
+    plan = build_plan(project, PlanOptions(port_base=30000))
     assert plan.service("sandbox").fakeroot["ids"] == ids

@@ -94,7 +94,7 @@ def test_services_with_the_same_build_share_one_definition(tmp_path):
           beat: {build: {context: ./app, dockerfile: Dockerfile}}
           other: {build: {context: ./app, args: {BASE: "debian:12"}}}
     """)
-    plan = build_plan(project, PlanOptions(port_base=30000, busy=set()))
+    plan = build_plan(project, PlanOptions(port_base=30000))
     shared = [k for k, v in plan.images.items() if sorted(v.services) == ["beat", "web", "worker"]]
     assert len(shared) == 1 and len(plan.images) == 2
     other = next(v for v in plan.images.values() if v.services == ["other"])
@@ -119,7 +119,7 @@ BOTH = """
 ])
 def test_build_and_image_follow_pull_policy(tmp_path, policy, configs, kind, note):
     project = project_at(tmp_path, BOTH.format(policy=policy))
-    plan = build_plan(project, PlanOptions(port_base=30000, busy=set(), image_configs=configs or {}))
+    plan = build_plan(project, PlanOptions(port_base=30000, image_configs=configs or {}))
     (image,) = plan.images.values()
     assert image.kind == kind
     if note:

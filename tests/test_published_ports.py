@@ -272,10 +272,49 @@ def test_doctor_shows_what_up_found_and_checks_the_forwarders_endpoint(project, 
     assert ("ok", f"service web: published 0.0.0.0:{ports[0]} is free") in lines
 
 
-def test_a_running_forwarder_of_this_output_dir_is_not_in_the_way_of_converting_again(converted, ports, tmp_path):
-    from compose2sif.convert import _previous_endpoints
-    assert ("0.0.0.0", ports[0]) in _previous_endpoints(str(converted))
-    assert ("127.0.0.1", ports[3]) in _previous_endpoints(str(converted))
+def test_convert_writes_the_same_files_whatever_listens_on_this_machine(tmp_path):
+    """Whether a port is free is found out where the stack runs (`up` and `doctor` name the holder),
+    never by convert: with the service's port, its published port and its address block's first
+    address held by listeners here, convert writes what it writes with all of them free."""
+    port, published = free_ports(2)
+    (tmp_path / "compose.yaml").write_text(f"""
+services:
+  web:
+    image: busybox
+    environment: {{PORT: "{port}", HOST: 0.0.0.0}}
+    ports: ["{published}:{port}"]
+    {HINTS % port}
+  cache:
+    image: redis:7
+""")
+
+    def convert():
+        out = tmp_path / "out"
+        shutil.rmtree(out, ignore_errors=True)
+        done = subprocess.run([sys.executable, "-m", "compose2sif", "convert", "--offline", "-o", str(out)],
+                              cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert done.returncode == 0, done.stderr
+        return done.stderr, {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+    free = convert()
+    holders = []
+    try:
+        for address, number in (("0.0.0.0", port), ("0.0.0.0", published), ("127.0.0.1", 6379)):
+            holder = socket.socket()
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                holder.bind((address, number))
+            except OSError:  # held already (a redis of this machine on 6379): held all the same
+                holder.close()
+                continue
+            holder.listen(1)
+            holders.append(holder)
+        assert listens(port) and listens(published)
+        held = convert()
+    finally:
+        for holder in holders:
+            holder.close()
+    assert held == free
 
 
 # ---- a node whose architecture has no c2s-forward in the package ------------------------------

@@ -99,7 +99,7 @@ def _load(name: str, tmp_path: Path, dockerfiles=None, added=None):
 def test_realworld_project_plans_soundly_or_is_refused_with_the_fix(name, tmp_path):
     project = _load(name, tmp_path)
     try:
-        plan = build_plan(project, PlanOptions(port_base=30000, address_block="127.45.3", busy=set(),
+        plan = build_plan(project, PlanOptions(port_base=30000, address_block="127.45.3",
                                                uid=1000))
     except ComposeError as exc:
         message = str(exc)
@@ -163,7 +163,7 @@ def test_the_projects_the_knobs_cannot_fix_are_those_the_loopback_runs_but_one()
 @pytest.mark.parametrize("name", sorted(STILL_REFUSED))
 def test_a_port_published_on_its_own_number_that_others_use_too_is_refused_with_the_loopback_too(name, tmp_path):
     with pytest.raises(ComposeError, match=r"both listen on port 3000 .*; fix: "):
-        build_plan(_load(name, tmp_path), PlanOptions(port_base=30000, address_block="127.45.3", busy=set(),
+        build_plan(_load(name, tmp_path), PlanOptions(port_base=30000, address_block="127.45.3",
                                                       uid=1000, loopback=True))
 
 
@@ -174,7 +174,7 @@ def test_a_project_the_knobs_cannot_fix_plans_clean_with_a_loopback_per_service(
     the fix for such nodes), and at run time, each service on its own address (a port published
     on its own number as written), no two endpoints collide and every reference hits one."""
     project = _load(name, tmp_path)
-    options = dict(port_base=30000, address_block="127.45.3", busy=set(), uid=1000)
+    options = dict(port_base=30000, address_block="127.45.3", uid=1000)
     with pytest.raises(ComposeError):
         build_plan(project, PlanOptions(**options))
     plan = build_plan(project, PlanOptions(**options, loopback=True))

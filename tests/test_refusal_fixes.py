@@ -23,7 +23,7 @@ from compose2sif.plan import PlanOptions, build_plan
 from helpers import check_plan
 from test_realworld_network import PROJECTS, _load
 
-OPTIONS = dict(port_base=30000, address_block="127.45.3", busy=set(), uid=1000)
+OPTIONS = dict(port_base=30000, address_block="127.45.3", uid=1000)
 FIX = re.compile(r"; fix: (.*)$")
 FIX_HINT = re.compile(r"add to service '([^']+)' `x-compose2sif: (\{.*?\})`(?=; |, VAR being|$)")
 FIX_BIND = re.compile(r"bind its config into service '([^']+)' \(.*?`listen (\d+);`\): add to its volumes "

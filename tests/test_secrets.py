@@ -54,7 +54,7 @@ def load(tmp_path, compose=COMPOSE, environ=None):
 
 
 def test_every_form_is_bound_read_only_where_compose_puts_it(tmp_path):
-    plan = build_plan(load(tmp_path), PlanOptions(port_base=30000, busy=set()))
+    plan = build_plan(load(tmp_path), PlanOptions(port_base=30000))
     binds = {b.target: b for b in plan.service("app").binds if b.read_only}
     assert binds["/run/secrets/db_password"].source == str(tmp_path / "db_password.txt")
     assert binds["/run/secrets/api.key"].source == "config/secrets/api_key"
@@ -100,7 +100,7 @@ def test_env_secret_is_written_private_and_kept_out_of_plan_json_and_argv(tmp_pa
 def test_what_cannot_be_had_is_one_error(tmp_path, compose, path, message):
     project = load(tmp_path, compose)
     with pytest.raises(ComposeError) as info:
-        build_plan(project, PlanOptions(port_base=30000, busy=set()))
+        build_plan(project, PlanOptions(port_base=30000))
     assert info.value.path == path and message in info.value.message
 
 
@@ -110,7 +110,7 @@ def test_odd_names_get_distinct_files(tmp_path):
         services: {app: {image: alpine, secrets: [.a, a]}}
         secrets: {.a: {environment: API_KEY}, a: {environment: TOKEN}}
     """)
-    plan = build_plan(project, PlanOptions(port_base=30000, busy=set()))
+    plan = build_plan(project, PlanOptions(port_base=30000))
     sources = {b.target: b.source for b in plan.service("app").binds if b.read_only}
     assert sources["/run/secrets/a"] == "config/secrets/a"
     assert sources["/run/secrets/.a"].startswith("config/secrets/a-") and sources["/run/secrets/.a"] != "config/secrets/a"

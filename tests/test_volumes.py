@@ -17,7 +17,7 @@ def plan_for(tmp_path, compose, files=None, environ=None, **kw):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(content))
     project = load_project(ProjectOptions(cwd=str(tmp_path), environ={"HOME": "/home/u", **(environ or {})}))
-    return build_plan(project, PlanOptions(port_base=30000, address_block="127.0.9", busy=set(), **kw))
+    return build_plan(project, PlanOptions(port_base=30000, address_block="127.0.9", **kw))
 
 
 def binds(plan, name):

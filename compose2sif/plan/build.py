@@ -21,8 +21,8 @@ from compose2sif.plan.binds import STATE, rewrite_bound_files, service_binds, te
 from compose2sif.plan.generated import Replacer
 from compose2sif.plan.images import ImageSource, build_args, plan_images
 from compose2sif.plan.knobs import RUNSCRIPT, Found
-from compose2sif.plan.network import (References, ServiceNet, default_port_base, free_address_block, host_port_pairs,
-                                      node_listeners, plan_network)
+from compose2sif.plan.network import (References, ServiceNet, default_address_block, default_port_base, host_port_pairs,
+                                      plan_network)
 from compose2sif.plan.pre_start import plan_pre_start
 from compose2sif.plan.types import ImagePlan, Plan, PortPlan, ServicePlan
 from compose2sif.support import unsupported_warnings
@@ -39,7 +39,6 @@ class PlanOptions:
     port_base: Optional[int] = None                               # first port of the block moved ports go to
     address_block: Optional[str] = None                           # 127.A.B: the services' /24 of addresses
     uid: Optional[int] = None
-    busy: Optional[Set[Tuple[str, int]]] = None                   # (address, port) listening on the node
     presets: Optional[Set[str]] = None                            # project-family presets; default: detected
     secrets: Optional[Replacer] = None                            # generated values for public default secrets
     ssrf_allow: List[str] = field(default_factory=list)           # private destinations SSRF proxies may reach
@@ -209,10 +208,9 @@ def _rebuild_with_moved_ports(project: Project, found: Discovery, refs: Referenc
 # ---- place -------------------------------------------------------------------------------------
 
 def place(project: Project, found: Discovery, options: PlanOptions) -> NetworkPlan:
-    busy = node_listeners() if options.busy is None else set(options.busy)
-    block = options.address_block or free_address_block(project.name, busy, options.uid)
+    block = options.address_block or default_address_block(project.name, options.uid)
     base = options.port_base if options.port_base is not None else default_port_base(project.name, options.uid)
-    return plan_network(list(found.nets.values()), block, base, busy, loopback=options.loopback)
+    return plan_network(list(found.nets.values()), block, base, loopback=options.loopback)
 
 
 # ---- draft -------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import os
 import re
 import zlib
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from compose2sif import adapters
 from compose2sif.errors import ComposeError
@@ -54,20 +54,6 @@ def default_address_block(project: str, uid: Optional[int] = None) -> str:
     uid = os.getuid() if uid is None else uid
     index = (uid * 104729 + zlib.crc32(project.encode())) % ADDRESS_BLOCKS
     return f"127.{1 + index // 256}.{index % 256}"
-
-
-def free_address_block(project: str, busy: Iterable[Tuple[str, int]], uid: Optional[int] = None) -> str:
-    """The user's and project's block, or the next one where nothing on the node listens yet: two
-    users whose blocks hash alike still never share one on the same node."""
-    used = {address.rsplit(".", 1)[0] for address, _ in busy if address.startswith("127.")}
-    first = default_address_block(project, uid)
-    index = (int(first.split(".")[1]) - 1) * 256 + int(first.split(".")[2])
-    for step in range(ADDRESS_BLOCKS):
-        n = (index + step) % ADDRESS_BLOCKS
-        block = f"127.{1 + n // 256}.{n % 256}"
-        if block not in used:
-            return block
-    return first
 
 
 def parse_address_block(text: str) -> str:
@@ -199,12 +185,13 @@ def _evidence(listen: Listen) -> str:
 
 
 def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
-                 busy: Iterable[Tuple[str, int]], loopback: bool = False) -> NetworkPlan:
-    """Decide every service's address and every endpoint. Deterministic for the same input.
+                 loopback: bool = False) -> NetworkPlan:
+    """Decide every service's address and every endpoint. Deterministic for the same input, and
+    the same on any machine: what listens on the node is found out where the stack runs (`up`
+    and `doctor` name a holder), never here.
     ``loopback``: the output has bin/c2s-loopback, so a port that cannot move (a privileged one, two
     alike) is refused at run time only, where the node cannot give each service a loopback of its
     own (NetworkPlan.needs_loopback), instead of here."""
-    busy = set(busy)
     if len(services) > 253:
         raise ComposeError(f"{len(services)} services do not fit the address block {address_block}.0/24")
     warnings: List[str] = []
@@ -256,8 +243,7 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
         return next(((svc, l) for p, svc, l in taken if overlaps(p, point)), None)
 
     def free_port(where: str) -> int:
-        while any(overlaps((where, next_port[0]), p) for p, _, _ in taken) or \
-                any(overlaps((where, next_port[0]), b) for b in busy):
+        while any(overlaps((where, next_port[0]), p) for p, _, _ in taken):
             next_port[0] += 1
         if next_port[0] == port_base + PORT_BLOCK:
             warnings.append(f"the port block {port_base}-{port_base + PORT_BLOCK - 1} is full; using ports above it")
@@ -286,11 +272,6 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
                 deferred.append((s, listen.port, why))
             else:
                 refusals.append((s, listen.port, why))
-        holder = next((b for b in busy if overlaps(b, (where, host))), None)
-        if holder is not None:
-            warnings.append(f"service {s.name!r}: {where}:{host} is taken on this node now (by a listener on "
-                            f"{holder[0]}:{holder[1]}); `up` will fail unless it is free then "
-                            f"({_hint_for(s, listen.port)})")
         record(s, listen, where, host)
 
     if refusals:
@@ -312,13 +293,11 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
     for s, listen, where, host, why in [w for w in wanted if forwarded(w[1])]:
         at, published = listen.host_ip or WILDCARD, int(listen.published or 0)
         other = clash((at, published))
-        holder = next((b for b in busy if overlaps(b, (at, published))), None)
-        if published >= 1024 and other is None and holder is None:
+        if published >= 1024 and other is None:
             taken.append(((at, published), s.name, listen))
         else:
             reason = (f"{published} is privileged" if published < 1024 else
-                      f"{published} is also used by service {other[0]!r}" if other is not None else
-                      f"{published} is taken on this node now (a listener on {holder[0]})")
+                      f"{published} is also used by service {other[0]!r}")
             new = free_port(at)
             taken.append(((at, new), s.name, listen))
             warnings.append(f"service {s.name!r}: published port {reason}; it is published on {at}:{new} instead "
@@ -332,12 +311,10 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
     for s, listen, where, host, why in movable:
         if host != -1:
             other = clash((where, host))
-            holder = next((b for b in busy if overlaps(b, (where, host))), None)
-            if _exposed_only(listen) or (other is None and holder is None):  # an EXPOSE port is never moved
+            if _exposed_only(listen) or other is None:  # an EXPOSE port is never moved
                 record(s, listen, where, host)
                 continue
-            why = (f"{host} is also used by service {other[0]!r}" if other is not None
-                   else f"{host} is taken on this node now (a listener on {holder[0]})")
+            why = f"{host} is also used by service {other[0]!r}"
         new = free_port(where)
         record(s, listen, where, new)
         if all(e in OPTIONAL_EVIDENCE for e in listen.evidence):
