@@ -228,6 +228,9 @@ def _verbs(names, eval_runtime):
             *[["exec", n, "true"] for n in names], ["restart", names[0]], ["down"], ["down", "-v"]]
 
 
+VERB_OUTPUTS = {}  # out dir -> [(args, eval runtime, exit code, stderr)] of run_hostile's verbs: for failures' messages
+
+
 def run_hostile(tmp_path, text, dotenv, filename):
     """convert, then the verbs under the recording stand-in, on a runtime with --no-eval and on one
     without. Returns (convert, out dir, calls)."""
@@ -267,6 +270,7 @@ def run_hostile(tmp_path, text, dotenv, filename):
             for args in _verbs(names, eval_runtime):
                 proc = subprocess.run([str(out / "run.sh"), *args], cwd=project, capture_output=True, text=True,
                                       env={**env, "C2S_STANDIN_EVAL": "1" if eval_runtime else "0"}, timeout=120)
+                VERB_OUTPUTS.setdefault(str(out), []).append((args, eval_runtime, proc.returncode, proc.stderr))
                 assert "syntax error" not in proc.stderr and "command not found" not in proc.stderr, \
                     (args, eval_runtime, proc.stderr)
                 if args == ["ps", "--format", "json"]:
@@ -348,8 +352,9 @@ def test_every_service_of_a_shared_project_was_started_in_both_rounds(hostile_ru
     assert convert.returncode == 0, convert.stderr
     instances = [s["instance"].encode() for s in json.loads((out / "plan.json").read_text())["services"]]
     started = [c for c in calls if c[:2] == [b"instance", b"start"]]
+    ups = [said for said in VERB_OUTPUTS.get(str(out), []) if said[0][0] in ("up", "restart")]
     for instance in instances:
-        assert sum(instance in call for call in started) >= 2, (instance, len(started))
+        assert sum(instance in call for call in started) >= 2, (instance, len(started), ups)
 
 
 @SHARED_RUN["name-collision"]

@@ -5,6 +5,7 @@ forwarder publishes it. run.sh's functions (run/lib/forward.sh, run/lib/endpoint
 machine with real processes and real sockets: the real forwarder (compose2sif/intercept/forward.c,
 built into the package: setup.py), its Python fallback (compose2sif/c2s-forward.py), and STAND-IN SERVERS (Python one-liners named `c2s-standin-*`) in place of
 services; the "instance init" whose process tree is read is a stand-in bash process as well."""
+import contextlib
 import json
 import os
 import select
@@ -361,47 +362,53 @@ def test_without_a_forwarder_nor_python3_up_names_each_service_that_will_fail(pr
     assert start.returncode == 1 and "its published ports need a forwarder: no bin/x86_64/c2s-forward" in start.stdout
 
 
-def test_the_python_forwarder_relays_both_ways_and_half_closes(tmp_path):
-    """bin/c2s-forward.py, the fallback, against a real echo server: what the client sends comes
-    back, the client's half-close reaches the server, and a held port fails with one line."""
-    from compose2sif import helpers
+@contextlib.contextmanager
+def forwarding(command, message):
+    """COMMAND LISTEN TARGET (a forwarder) in front of a real server that answers what it received,
+    reversed, once the client's half-close reached it. Gives (the answer, LISTEN's port) while the
+    forwarder runs; it must end with exit code 0 on SIGTERM."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
-    target = server.getsockname()[1]
     listen_port = free_ports(1)[0]
-    proc = subprocess.Popen([sys.executable, helpers.FALLBACK_FORWARDER, f"127.0.0.1:{listen_port}",
-                             f"127.0.0.1:{target}"], stderr=subprocess.PIPE)
+    proc = subprocess.Popen([*command, f"127.0.0.1:{listen_port}", f"127.0.0.1:{server.getsockname()[1]}"])
     try:
-        for _ in range(100):
+        for _ in range(200):
             if listens(listen_port):
                 break
             time.sleep(0.05)
-        client = socket.create_connection(("127.0.0.1", listen_port), timeout=5)
+        client = socket.create_connection(("127.0.0.1", listen_port), timeout=10)
         conn, _ = server.accept()
-        client.sendall(b"ping")
+        client.sendall(message)
         client.shutdown(socket.SHUT_WR)
         received = b""
-        while True:
-            chunk = conn.recv(100)
-            if not chunk:
-                break  # the half-close arrived
+        while chunk := conn.recv(100):  # until the half-close arrives
             received += chunk
-        conn.sendall(received.upper())
+        conn.sendall(received[::-1])
         conn.close()
-        assert client.recv(100) == b"PING" and client.recv(100) == b""
+        answer = client.recv(100)
+        assert client.recv(100) == b""
         client.close()
-        held = subprocess.run([sys.executable, helpers.FALLBACK_FORWARDER, f"127.0.0.1:{listen_port}",
-                               f"127.0.0.1:{target}"], capture_output=True, text=True, timeout=30)
-        assert held.returncode == 1 and held.stderr == \
-            f"c2s-forward: cannot listen on 127.0.0.1:{listen_port}: Address already in use\n"
+        yield answer, listen_port
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
         server.close()
 
 
-def test_the_packaged_aarch64_forwarder_relays_under_qemu(tmp_path):
+def test_the_python_forwarder_relays_both_ways_and_half_closes():
+    """bin/c2s-forward.py, the fallback: what the client sends comes back through it, the client's
+    half-close reaches the server, and a port already held fails with one line."""
+    from compose2sif import helpers
+    with forwarding([sys.executable, helpers.FALLBACK_FORWARDER], b"ping") as (answer, listen_port):
+        assert answer == b"gnip"
+        held = subprocess.run([sys.executable, helpers.FALLBACK_FORWARDER, f"127.0.0.1:{listen_port}",
+                               "127.0.0.1:9"], capture_output=True, text=True, timeout=30)
+        assert held.returncode == 1 and held.stderr == \
+            f"c2s-forward: cannot listen on 127.0.0.1:{listen_port}: Address already in use\n"
+
+
+def test_the_packaged_aarch64_forwarder_relays_under_qemu():
     """bin/aarch64/c2s-forward, as an A64FX or Grace node runs it, run here by qemu-user (Debian's
     qemu-user: the aarch64 instructions emulated, the system calls this machine's own): a real echo
     through it. CI installs qemu-user; elsewhere the test is skipped where it is missing."""
@@ -412,30 +419,7 @@ def test_the_packaged_aarch64_forwarder_relays_under_qemu(tmp_path):
         pytest.skip("qemu-aarch64 (Debian's qemu-user) is not installed")
     from helpers import packaged_helper
     binary = packaged_helper("c2s-forward", "aarch64")
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    listen_port = free_ports(1)[0]
     said = subprocess.run([qemu, str(binary), "--version"], capture_output=True, text=True, timeout=60)
     assert said.returncode == 0 and said.stdout.startswith("c2s-forward 0.1.0+"), said
-    proc = subprocess.Popen([qemu, str(binary), f"127.0.0.1:{listen_port}", f"127.0.0.1:{server.getsockname()[1]}"])
-    try:
-        for _ in range(200):
-            if listens(listen_port):
-                break
-            time.sleep(0.05)
-        client = socket.create_connection(("127.0.0.1", listen_port), timeout=10)
-        conn, _ = server.accept()
-        client.sendall(b"from an aarch64 forwarder")
-        client.shutdown(socket.SHUT_WR)
-        received = b""
-        while chunk := conn.recv(100):
-            received += chunk
-        conn.sendall(received[::-1])
-        conn.close()
-        assert client.recv(100) == b"redrawrof 46hcraa na morf"
-        client.close()
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=10) == 0
-        server.close()
+    with forwarding([qemu, str(binary)], b"from an aarch64 forwarder") as (answer, _):
+        assert answer == b"redrawrof 46hcraa na morf"
