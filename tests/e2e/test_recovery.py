@@ -53,7 +53,7 @@ def instance_pids(node):
 
 def supervisors(node):
     """The sessions of this project's supervisors (a supervisor's own forks share its session)."""
-    out = subprocess.run(["ps", "-u", node.uid, "-o", "sid=,args="], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-u", node.uid, "-ww", "-o", "sid=,args="], capture_output=True, text=True).stdout
     return {line.split()[0] for line in out.splitlines() if f"{OUT}/run.sh _supervise" in line}
 
 

@@ -135,8 +135,8 @@ class Node:
         return target
 
     def processes(self):
-        """Command lines of every process of user hpc."""
-        out = subprocess.run(["ps", "-u", self.uid, "-o", "pid=,args="], capture_output=True, text=True).stdout
+        """Command lines of every process of user hpc, whole (-ww: not cut at a terminal's width)."""
+        out = subprocess.run(["ps", "-u", self.uid, "-ww", "-o", "pid=,args="], capture_output=True, text=True).stdout
         return [line.strip() for line in out.splitlines() if line.strip()]
 
     def kill_all(self) -> None:
