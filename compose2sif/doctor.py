@@ -340,7 +340,7 @@ def plan_lines(out_dir: str) -> List[Line]:
                                         f"instance {service['instance']}"))
                 else:
                     lines.append(("fail", f"service {service['name']}: {text} is taken ({holder}; fix: "
-                                          f"stop that, or convert again to move the port)"))
+                                          f"stop that, or change that port in the compose file and convert again)"))
         # what `up` found it really listens on, where the plan says otherwise (run.sh's record_truth)
         for truth in _read_lines(os.path.join(rundir, f"{service['name']}.truth")):
             lines.append(("warn", f"service {service['name']} at run time: {truth}"))

@@ -33,7 +33,7 @@ cmd_up() {
     held=$(endpoints_taken "${names[@]}")
     if [ -n "$held" ]; then
         while IFS= read -r st; do echo "run.sh: up: endpoint $st" >&2; done <<<"$held"
-        echo "run.sh: up: nothing was started; stop what holds it, or convert again here to re-plan" >&2
+        echo "run.sh: up: nothing was started; stop what holds it, or change that port in the compose file (a published one: its host port) and convert again" >&2
         return 1
     fi
     [ -t 2 ] && [ "${TERM:-dumb}" != dumb ] && PROGRESS_TTY=1

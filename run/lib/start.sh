@@ -244,7 +244,7 @@ start_service() {
         if [ "$S_ONESHOT" = 0 ] && [ $((${#REQUIRED[@]} + ${#S_FORWARDS[@]})) -gt 0 ]; then
             held=$(endpoints_taken "$name")
             if [ -n "$held" ]; then
-                set_status "$name" "failed endpoint ${held%%$'\n'*} (convert again here to re-plan)"
+                set_status "$name" "failed endpoint ${held%%$'\n'*} (stop what holds it, or change that port in the compose file)"
                 return 1
             fi
         fi

@@ -146,11 +146,18 @@ def test_restart_policy_brings_a_killed_service_back(stack):
 
 
 def test_two_projects_side_by_side(stack):
+    """A second copy of the stack publishes the first one's host port: as Docker says "port is
+    already allocated", `up` starts nothing and names the holder (convert plans the same files on
+    any machine, so it moves nothing for a listener); published on another host port, it runs beside."""
     node = stack
-    proc = node.c2s(f"-p c2s-second -f {STACK}/compose.yaml up -d --registry-mirror {node.registry} -o out2",
-                    timeout=900)
+    second = f"-p c2s-second -f {STACK}/compose.yaml up -d --registry-mirror {node.registry} -o out2"
+    refused = node.c2s(second, timeout=900)
+    assert refused.returncode != 0
+    assert re.search(r"run\.sh: up: endpoint 0\.0\.0\.0:18080 \(service proxy\) is held by another process on this "
+                     r"node \(pid \d+: \S+/out/bin/x86_64/c2s-forward 0\.0\.0\.0:18080 ", refused.stderr), refused.stderr
+    assert "nothing was started" in refused.stderr
+    proc = node.run(f"cd ~ && PROXY_PORT=18081 python3 -m compose2sif {second}", timeout=900)
     assert proc.returncode == 0, proc.stderr
-    assert "published port 18080 is taken" in proc.stderr
     first, second = ps(node), ps(node, "out2")
     assert all(s["state"] == "running" for n, s in second.items() if n != "init")
     assert {s["instance"] for s in first.values()}.isdisjoint({s["instance"] for s in second.values()})
