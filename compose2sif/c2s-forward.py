@@ -68,10 +68,10 @@ def main(argv):
         print("c2s-forward.py (Python fallback)")
         return 0
     try:
-        listen_at, target = parse(argv[1]), parse(argv[2])
         if len(argv) != 3:
-            raise IndexError
-    except (IndexError, ValueError):
+            raise ValueError(argv)
+        listen_at, target = parse(argv[1]), parse(argv[2])
+    except ValueError:
         sys.stderr.write("usage: c2s-forward.py LISTEN_ADDR:PORT TARGET_ADDR:PORT (numeric addresses)\n")
         return 1
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -37,8 +37,9 @@ def test_many_writers_of_one_state_file_leave_it_whole(tmp_path):
             (for r in $(seq 100); do write_lines "$RUNDIR/state" "$w $r $(printf 'x%.0s' $(seq 4000))" || exit 1; done) &
             writers+=($!)
         done
-        (until [ -e "$RUNDIR/done" ]; do
-            { IFS= read -r line <"$RUNDIR/state"; } 2>/dev/null && echo "${#line}"
+        (until [ -e "$RUNDIR/done" ]; do  # once there, it is never seen empty nor cut
+            line=""
+            [ -e "$RUNDIR/state" ] && { IFS= read -r line <"$RUNDIR/state"; echo "${#line}"; } 2>/dev/null
         done) >"$RUNDIR/reads" &
         reader=$!
         wait "${writers[@]}"

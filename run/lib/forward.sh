@@ -4,7 +4,8 @@
 # own address and port C, and a forwarder listens on IP:P and relays to it: bin/ARCH/c2s-forward (a
 # static binary built with compose2sif's package, one per architecture, docs/ports.md), or where
 # the package has none for the node's architecture, the node's python3 running bin/c2s-forward.py.
-# S_FORWARDS holds pairs LISTEN TARGET. Each service's forwarders are recorded in RUNDIR/NAME.forward, one line "PID START LISTEN TARGET",
+# S_FORWARDS holds pairs LISTEN TARGET. Each service's forwarders are recorded in RUNDIR/NAME.forward,
+# one line "PID START LISTEN TARGET",
 # so that `down`, `ps` and a second `up` know them (a pid alone may name another process later).
 
 # The live forwarders of service $1, in FORWARD_PID (LISTEN -> pid) and FORWARD_LINES (its records).
@@ -21,7 +22,7 @@ live_forwarders() {
     return 0
 }
 
-# Why bin/$HOSTTYPE/$1 (a helper) is not there, in MISSING_WHY.
+# Why bin/$HOSTTYPE/$1 (a helper: c2s-forward, c2s-loopback) is not there, in MISSING_WHY.
 MISSING_WHY=""
 missing_helper_why() {
     local found=() path

@@ -49,7 +49,7 @@ isolation_mode() {
 
 keep_isolation() {  # MODE REQUESTED WHY
     ISOLATION=$1 ISOLATION_WHY=$3
-    printf '%s %s %s\n%s\n' "$HOSTNAME" "$2" "$1" "$3" >"$RUNDIR/isolation.$BASHPID" && mv -f "$RUNDIR/isolation.$BASHPID" "$RUNDIR/isolation"
+    write_lines "$RUNDIR/isolation" "$HOSTNAME $2 $1" "$3"
 }
 
 # For `up`: C2S_PORT_ISOLATION=auto|intercept|plan. auto and intercept ask the node once (kept

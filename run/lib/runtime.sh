@@ -87,7 +87,7 @@ runtime_mode() {
     else
         cfg=$("$RT" buildcfg 2>/dev/null) || cfg=""
         if [ -d "$RUNDIR" ]; then
-            printf '%s\n%s\n' "$bin" "$cfg" >"$cache.$BASHPID" && mv -f "$cache.$BASHPID" "$cache"
+            write_lines "$cache" "$bin" "$cfg"
         fi
     fi
     while IFS='=' read -r key value; do
