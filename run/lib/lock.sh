@@ -5,10 +5,14 @@
 # twice. The lock is a symbolic link whose target names its holder, "PID START COMMAND": made in
 # one step, left behind by a killed holder, and then recognised as stale by the pid's start time
 # (as supervisor.pid is). A foreground `up` gives it back once its services run; the others at
-# their exit. Waiting costs one readlink per 0.2 s.
+# their exit. Waiting costs one readlink per 0.2 s. With --try it fails at once where a live holder
+# has it (the supervisor's restart of a service: not while `restart`, `up` or `down` works); held
+# already (that restart, then `down` on a signal to a foreground `up`), it is kept.
 LOCK_HELD=0
 take_project_lock() {
-    local me holder="" pid start what told=0 tries=0
+    local me holder="" pid start what told=0 tries=0 once=0
+    [ "$1" = --try ] && once=1 && shift
+    [ "$LOCK_HELD" = 0 ] || return 0
     [ -d "$RUNDIR" ] || (umask 077 && mkdir -p "$RUNDIR")
     proc_start $$
     me="$$ $PROC_START $1"
@@ -19,6 +23,7 @@ take_project_lock() {
         fi
         read -r pid start what <<<"$holder"
         if same_process "$pid" "$start"; then
+            [ "$once" = 1 ] && return 1
             [ "$told" = 1 ] || note "waiting for \`$what\` of this project (pid $pid) to finish"
             told=1
             nap 0.2

@@ -210,6 +210,7 @@ up_one() {
     return 1
 }
 
+RELEASE_AFTER_START=0
 # Start service $1 once its dependencies meet their conditions, and wait until it runs, listens
 # on its required endpoints and (with a healthcheck) is healthy. Its status file says how it went
 # ("failed REASON" when it did not), its progress line what it is doing. With $2 = restart (a
@@ -275,6 +276,7 @@ start_service() {
         fi
         refresh_instance
         record_helpers
+        [ "$RELEASE_AFTER_START" = 1 ] && release_project_lock  # (the supervisor's restart: run/lib/supervise.sh)
         # the start script runs as soon as the instance is up: a moment for it to show, up to 10 s
         # on a loaded node; an exit code, or no instance after a second, ends the wait early
         for ((i = 0; i < 200; i++)); do

@@ -44,18 +44,27 @@ prepare_state() {
 # filesystem went with a killed FUSE helper, a supervisor.pid naming a process that is not (or no
 # longer) our supervisor. One note says what was found; `up` and `down` ($1) clear the records
 # (they restart or remove such instances anyway). `ps` finds the same in its own pass over the
-# services, shows them as exited and tells with tell_stale.
-STALE_KILLED=() STALE_LOST=()
+# services, shows them as exited and tells with tell_stale. An instance whose start run.sh did not
+# see through (killed while the runtime started it: the runtime may leave it up with its FUSE
+# helpers gone, "already running" to a later `up`) has no record of its helpers (record_helpers,
+# written once its instance is listed): `up` removes it and starts it again.
+STALE_KILLED=() STALE_LOST=() STALE_HALF=()
 clean_stale() {
-    local name st
+    local name st rec=()
     [ "$INSTANCES_LISTED" = 1 ] || list_instances
     for name in "${SERVICES[@]}"; do
         load_service "$name"
         [ "$S_ONESHOT" = 1 ] && continue
         instance_pid
         if [ -n "$IPID" ]; then
-            root_lost || continue
-            STALE_LOST+=("$name")
+            rec=()
+            { read -r -a rec || true; } 2>/dev/null <"$RUNDIR/$name.helpers"
+            if [ "${rec[0]:-}" != "$IPID" ]; then
+                STALE_HALF+=("$name")
+            else
+                root_lost || continue
+                STALE_LOST+=("$name")
+            fi
             # its processes still hold its endpoints: gone before `up` checks them (`down` stops it anyway)
             if [ "$1" = up ]; then
                 remove_instance
@@ -81,6 +90,13 @@ tell_stale() {
             ps) note "${STALE_KILLED[*]}: ended without \`down\` (killed, or the node rebooted): no instance is left; \`up\` starts them again" ;;
             *) note "${STALE_KILLED[*]}: ended without \`down\` (killed, or the node rebooted): their records are cleared" ;;
         esac
+    fi
+    if [ ${#STALE_HALF[@]} -gt 0 ]; then
+        case "$1" in
+            up) st="their instances are removed and started again" ;;
+            *) st="their instances are removed" ;;
+        esac
+        note "${STALE_HALF[*]}: started by a run.sh that ended before the start did (killed): $st"
     fi
     for name in "${STALE_LOST[@]}"; do
         case "$1" in

@@ -49,9 +49,21 @@ supervise() {
                     ;;
                 *) continue ;;
             esac
+            # with the project lock, up to its instance's start (RELEASE_AFTER_START): never while
+            # `restart` starts it too (both would start it: "instance ... already exists"), nor while
+            # `up` or `down` works; its state is read again once the lock is ours
+            take_project_lock --try supervisor || continue
+            refresh_instance
+            if [ -f "$RUNDIR/$name.stopped" ] || service_running; then
+                release_project_lock
+                continue
+            fi
             attempts[$name]=$((${attempts[$name]:-0} + 1))
             note "$name ended (exit code ${rc:-unknown}); restarting (restart: $S_RESTART)"
+            RELEASE_AFTER_START=1
             start_service "$name" restart || { get_status "$name"; note "$name: restart failed: $STATUS"; }
+            RELEASE_AFTER_START=0
+            release_project_lock
         done <"$RUNDIR/supervised"
         nap 1
     done
