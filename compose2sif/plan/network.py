@@ -342,6 +342,45 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
     return NetworkPlan(address_block, port_base, own, address, endpoints, _dedupe(warnings), needs_loopback)
 
 
+def plan_as_written(services: List[ServiceNet], address_block: str, port_base: int) -> NetworkPlan:
+    """The plan where each service gets a loopback of its own at run time (bin/c2s-loopback): every
+    service listens on its own address, on the ports its compose file and image give it, and
+    nothing is told. Every published port is served by forwarders on the node's addresses, one by
+    one (run.sh finds them when `up` runs), never on the node's wildcard, so any number of services
+    keep port P on their own addresses beside a published P. Only a published port that cannot be
+    had moves, onto the block's lower half (the tracer puts privileged ports in its upper half):
+    a privileged one, or one that two services publish (Docker refuses that at run time), each
+    with a warning."""
+    if len(services) > 253:
+        raise ComposeError(f"{len(services)} services do not fit the address block {address_block}.0/24")
+    own = {s.name: f"{address_block}.{i + 2}" for i, s in enumerate(sorted(services, key=lambda s: s.name))}
+    endpoints: Dict[str, Dict[int, Endpoint]] = {s.name: {} for s in services}
+    warnings: List[str] = []
+    published_at: List[Tuple[Tuple[str, int], str]] = []   # ((address, port), service)
+    next_port = port_base
+    for s in sorted(services, key=lambda s: s.name):
+        for port, listen in sorted(s.listens.items()):
+            endpoint = Endpoint(port, port, own[s.name], listen.published is not None, listen.knob,
+                                list(listen.evidence), required=any(proves_listener(e) for e in listen.evidence))
+            endpoints[s.name][port] = endpoint
+            if listen.published is None:
+                continue
+            at = listen.host_ip or WILDCARD
+            number = int(listen.published) if listen.published.isdigit() else port  # "": its own number
+            other = next((name for point, name in published_at if overlaps(point, (at, number))), None)
+            if number < 1024 or other is not None:
+                while any(overlaps(point, (at, next_port)) for point, _ in published_at):
+                    next_port += 1
+                reason = f"{number} is privileged" if number < 1024 else f"{number} is also published by service {other!r}"
+                warnings.append(f"service {s.name!r}: published port {reason}; it is published on {at}:{next_port} "
+                                f"instead (forwarded to its port {port})")
+                number = next_port
+                next_port += 1
+            published_at.append(((at, number), s.name))
+            endpoint.forward = f"{at}:{number}"
+    return NetworkPlan(address_block, port_base, own, dict(own), endpoints, warnings, {})
+
+
 def _dedupe(items: List[str]) -> List[str]:
     return list(dict.fromkeys(items))
 
