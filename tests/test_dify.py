@@ -121,6 +121,12 @@ def env_of(work, name):
             (line.partition("=") for line in text.splitlines() if line and not line.startswith("#"))}
 
 
+def fallback_file(work, *parts):
+    """A rendered file as the fallback runs it: its own copy where it differs, else the one plan.json's has."""
+    own = work.joinpath("out", "fallback", *parts)
+    return own if own.exists() else work.joinpath("out", *parts)
+
+
 def stored(work):
     return dict(line.split("=", 1) for line in (work / "out" / "secrets.env").read_text().splitlines()
                 if "=" in line and not line.startswith("#"))
@@ -139,8 +145,8 @@ def test_dotenv_is_dify_s_own_and_the_plan_is_sound(dify):
             self.services = [type("S", (), {**s, "ports": [type("P", (), p) for p in s["ports"]],
                                             "environment": env_of(work, s["name"])}) for s in data["services"]]
             self.configs = {str(p.relative_to(work / "out")): p.read_text()
-                            for p in (work / "out" / "fallback" / "config").rglob("*")
-                            if p.is_file()}
+                            for root in (work / "out" / "config", work / "out" / "fallback" / "config")
+                            for p in root.rglob("*") if p.is_file()}
     check_plan(Plan(plan))
     assert all(p["host"] >= 1024 for s in plan["services"] for p in s["ports"])
 
@@ -249,7 +255,7 @@ def test_every_generated_secret_passes_its_reader_s_check_and_is_shared(dify):
     for url in filter(None, urls):
         assert urlparse(url).password == password and urlparse(url).hostname == "redis", url
     assert urls[2]  # agent_backend's comes from the compose file itself
-    redis_conf = (work / "out" / "fallback" / "config" / "redis" / "redis" / "compose2sif.conf").read_text()
+    redis_conf = fallback_file(work, "config", "redis", "redis", "compose2sif.conf").read_text()
     assert f'requirepass "{password}"' in redis_conf
     shared(password, ("redis", "REDISCLI_AUTH"), ("api", "REDIS_PASSWORD"), ("plugin_daemon", "REDIS_PASSWORD"))
     assert values["DB_PASSWORD"] != password
@@ -380,7 +386,7 @@ def test_nginx_runs_without_the_entrypoint_copy_and_needs_no_docker_resolver(dif
     nginx = service(plan, "nginx")
     assert nginx["launch"] == ["nginx", "-g", "daemon off;"]
     assert "/docker-entrypoint-mount.sh" not in [b["target"] for b in nginx["binds"]]
-    conf = (work / "out" / "fallback" / "config" / "nginx" / "root" / "etc" / "nginx" / "conf.d" / "default.conf").read_text()
+    conf = fallback_file(work, "config", "nginx", "root", "etc", "nginx", "conf.d", "default.conf").read_text()
     http = next(p for p in nginx["ports"] if p["container"] == 80)
     assert f"listen {http['address']}:{http['host']};" in conf and "${" not in conf
     assert "127.0.0.11" not in conf
@@ -388,7 +394,7 @@ def test_nginx_runs_without_the_entrypoint_copy_and_needs_no_docker_resolver(dif
     assert f"set $socket_io_upstream {service(plan, websocket)['address']}:5001;" in conf
     for upstream in ("http://api:5001", "http://web:3000", "http://plugin_daemon:5002"):
         assert upstream in conf
-    assert (work / "out" / "fallback" / "config" / "nginx" / "root" / "etc" / "nginx" / "proxy.conf").is_file()
+    assert fallback_file(work, "config", "nginx", "root", "etc", "nginx", "proxy.conf").is_file()
     # after `up`, run.sh prints the URL, the SSH tunnel and the admin page
     assert f"FALLBACK_ENTRY_POINTS=('nginx http 0.0.0.0 {http['host']} /install')" in (work / "out" / "run.sh").read_text()
 

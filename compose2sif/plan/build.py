@@ -112,18 +112,19 @@ FALLBACK = "fallback/"  # where the fallback's own files go in the output direct
 
 
 def _as_fallback(primary: Plan, fallback: Plan) -> Plan:
-    """The knobs' plan as the fallback of ``primary``: its env files and rendered configs under
-    fallback/ (the two modes' files differ where a port moved or an address is told), the SIFs
+    """The knobs' plan as the fallback of ``primary``: its env files, and the rendered configs that
+    differ (a moved port, a told address), under fallback/; the SIFs
     the primary's (one build serves both); a service whose image would need another build (a
     build argument naming a port that moves) is refused there, in one line."""
-    def moved(path: str) -> str:
-        return FALLBACK + path if path.startswith(("config/", "env/")) else path
+    differ = [path for path, text in fallback.configs.items() if primary.configs.get(path) != text]
+    sources = {b.source for s in fallback.services for b in s.binds
+               if any(path == b.source or path.startswith(b.source + "/") for path in differ)}
     for service in fallback.services:
-        service.env_file = moved(service.env_file)
+        service.env_file = FALLBACK + service.env_file
         for step in service.pre_start:
-            step.env_file = moved(step.env_file)
+            step.env_file = FALLBACK + step.env_file
         for bind in service.binds:
-            bind.source = moved(bind.source)
+            bind.source = FALLBACK + bind.source if bind.source in sources else bind.source
         ours, theirs = primary.images[primary.service(service.name).image], fallback.images.get(service.image)
         if theirs is None or theirs.digest != ours.digest:
             service.needs_loopback = service.needs_loopback or (
@@ -131,7 +132,9 @@ def _as_fallback(primary: Plan, fallback: Plan) -> Plan:
                 "plan-time knobs move, so it would need another build; fix: give that service's port another "
                 "number in the compose file")
         service.image = primary.service(service.name).image
-    fallback.configs = {moved(path): text for path, text in fallback.configs.items()}
+    # the rendered files that differ, with every file beside them that a bind carries (the others: the primary's)
+    fallback.configs = {FALLBACK + path: text for path, text in fallback.configs.items()
+                        if any(path == source or path.startswith(source + "/") for source in sources)}
     fallback.images = primary.images
     return fallback
 
