@@ -29,7 +29,7 @@ from compose2sif import helpers
 from compose2sif.errors import ComposeError
 from compose2sif.plan import Plan, PortPlan, ServicePlan
 from compose2sif.plan.generated import SECRETS_FILE, file_text
-from compose2sif.plan.network import PORT_BLOCK
+from compose2sif.plan.network import PORT_BLOCK, dns_port
 from compose2sif.types import WILDCARDS
 
 
@@ -276,6 +276,8 @@ def render_runner(plan: Plan) -> str:
            f"SERVICES={_array(s.name for s in plan.services)}",
            "# where the tracer puts privileged ports (each service on its own address): the block's top half",
            f"LOOPBACK_BLOCK={plan.port_base + PORT_BLOCK // 2}-{plan.port_base + PORT_BLOCK - 1}",
+           "# the project's DNS server, where the tracer sends queries to Docker's 127.0.0.11 (run/lib/dns.sh)",
+           f"DNS_ENDPOINT={plan.address_block}.1:{dns_port(plan.port_base)}",
            f"LEVELS=({' '.join(str(s.level) for s in plan.services)})",
            f"MAX_LEVEL={max((s.level for s in plan.services), default=0)}",
            f"IMAGES={_array(plan.images)}",

@@ -240,10 +240,13 @@ def test_the_entry_probe_and_exec_run_under_the_tracer_with_words_quoted(project
     run = tmp_path / "out" / "state" / "run"
     assert f"<{run}/a.traced:/.singularity.d/startscript:ro>" in flags
     assert f"<{run}/loopback:/.c2s/records>" in flags and f"<{run}/busybox.entry:/.c2s/entry:ro>" in flags
-    assert words == f"</.c2s/loopback><--addr><{BLOCK}.2><--record></.c2s/records/a><--peers></.c2s/records><--><id><-u>"
+    dns = run_lib(tmp_path, 'echo "$DNS_ENDPOINT"').stdout.strip()
+    assert dns.startswith(f"{BLOCK}.1:")
+    assert words == (f"</.c2s/loopback><--addr><{BLOCK}.2><--dns><{dns}><--record></.c2s/records/a><--peers>"
+                     "</.c2s/records><--><id><-u>")
     wrapper = (run / "a.traced").read_text()
     assert wrapper.splitlines()[-1] == (f"exec '/.c2s/loopback' '--addr' '{BLOCK}.2' '--block' '24050-24099' "
-                                        "'--record' '/.c2s/records/a' '--peers' '/.c2s/records' '--' '/bin/sh' "
+                                        f"'--dns' '{dns}' '--record' '/.c2s/records/a' '--peers' '/.c2s/records' '--' '/bin/sh' "
                                         "'/.c2s/entry' \"$@\"")
     entry = (run / "busybox.entry").read_text()
     assert 'eval "$C2S_LAUNCH"' in entry and "exec /.singularity.d/runscript" in entry

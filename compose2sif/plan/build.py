@@ -296,6 +296,7 @@ def draft(name: str, project: Project, found: Discovery, network: NetworkPlan, r
                    environment={k: v for k, v in service.environment.items() if v is not None},
                    launch=found.launches[name], healthcheck=test, binds=binds, configs=configs, refs=refs,
                    tls=options.tls, ssrf_allow=list(options.ssrf_allow), model_servers=found.model_servers,
+                   docker_dns=as_written,
                    warnings=_unsupported_warnings(service) + bind_warnings)
     if not as_written:
         knobs.tell(result, found.nets[name], adapter,

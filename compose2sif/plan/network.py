@@ -43,6 +43,12 @@ OPTIONAL_EVIDENCE = (IMAGE_EXPOSE, IMAGE_DEFAULT)  # an image may never open suc
 DECLARED = ("ports", "expose")  # what the compose file declares (Docker publishes a port nobody opens, too)
 
 
+def dns_port(port_base: int) -> int:
+    """The port of the project's DNS server (Docker's 127.0.0.11 under the tracer): the last of the
+    block's lower half, which moved published ports fill from the first."""
+    return port_base + PORT_BLOCK // 2 - 1
+
+
 def default_port_base(project: str, uid: Optional[int] = None) -> int:
     """The first port of this user's and project's block of moved ports."""
     uid = os.getuid() if uid is None else uid
@@ -369,7 +375,7 @@ def plan_as_written(services: List[ServiceNet], address_block: str, port_base: i
             number = int(listen.published) if listen.published.isdigit() else port  # "": its own number
             other = next((name for point, name in published_at if overlaps(point, (at, number))), None)
             if number < 1024 or other is not None:
-                while any(overlaps(point, (at, next_port)) for point, _ in published_at):
+                while any(overlaps(point, (at, next_port)) for point, _ in published_at) or next_port == dns_port(port_base):
                     next_port += 1
                 reason = f"{number} is privileged" if number < 1024 else f"{number} is also published by service {other!r}"
                 warnings.append(f"service {s.name!r}: published port {reason}; it is published on {at}:{next_port} "

@@ -22,6 +22,7 @@ cmd_up() {
     mapfile -t names < <(closure "${names[@]}")
     refuse_untraceable "${names[@]}" || { echo "run.sh: up: nothing was started" >&2; return 1; }
     tell_forwarders "${names[@]}"  # how published ports are served on this node, or who will fail
+    start_dns  # Docker's 127.0.0.11, in intercept mode (run/lib/dns.sh)
     for name in "${names[@]}"; do
         remove_files "$RUNDIR/$name.status" "$RUNDIR/$name.timeline" "$RUNDIR/$name.progress" "$RUNDIR/$name.truth"
         probe_fakeroot "$name"

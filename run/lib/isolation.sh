@@ -102,11 +102,13 @@ choose_isolation() {
     return 0
 }
 
-# The tracer's words for the loaded service: --addr, --record, --peers (and $@ before them). Its
+# The tracer's words for the loaded service: --addr, --dns (the project's DNS server, dns.sh),
+# --record, --peers (and $@ before them). Its
 # published ports are its forwarders' (isolated_endpoints): the service keeps its own address.
 TRACER_WORDS=()
 tracer_words() {
-    TRACER_WORDS=("$LOOPBACK_IN" --addr "$S_OWN_ADDRESS" "$@" --record "$RECORDS_IN/$S_NAME" --peers "$RECORDS_IN")
+    TRACER_WORDS=("$LOOPBACK_IN" --addr "$S_OWN_ADDRESS" "$@" --dns "$DNS_ENDPOINT" --record "$RECORDS_IN/$S_NAME"
+        --peers "$RECORDS_IN")
 }
 
 # In intercept mode, the flags that start the loaded service's entry under the tracer (added to

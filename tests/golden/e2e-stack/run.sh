@@ -30,6 +30,8 @@ RUNDIR="$STATE/run"
 SERVICES=(db llm redis init api worker proxy)
 # where the tracer puts privileged ports (each service on its own address): the block's top half
 LOOPBACK_BLOCK=30050-30099
+# the project's DNS server, where the tracer sends queries to Docker's 127.0.0.11 (run/lib/dns.sh)
+DNS_ENDPOINT=127.45.3.1:30049
 LEVELS=(0 0 0 1 2 2 3)
 MAX_LEVEL=3
 IMAGES=(c2s-python-test c2s-postgres-test c2s-llama-test c2s-nginx-test c2s-redis-test)
