@@ -181,7 +181,8 @@ _HELP = """\
 #   ./run.sh down [-v]             stop every instance; -v also deletes the named volumes
 #   ./run.sh ps [--format json]    state, health, address:port and uptime of each service
 #   ./run.sh logs [-f] SERVICE     the service's output
-#   ./run.sh exec SERVICE CMD...   run a command inside the service's instance
+#   ./run.sh exec [--index N] SERVICE CMD...   run a command inside the service's instance
+#                                  (--index: which of its replicas, 1 by default)
 #   ./run.sh restart SERVICE       stop and start one service
 # shellcheck disable=SC2016  # single-quoted $VARs in the data below are for the instances' shells
 set -o pipefail  # not -u: bash 4.2 (RHEL7) treats empty arrays as unset
@@ -274,6 +275,9 @@ def render_runner(plan: Plan) -> str:
            f'STATE="$HERE/{plan.state_dir}"',
            'RUNDIR="$STATE/run"',
            f"SERVICES={_array(s.name for s in plan.services)}",
+           "# services of several replicas (deploy.replicas): each one's NAME-1..NAME-N",
+           "declare -A REPLICAS=(" + " ".join(f"[{_q(name)}]={_q(' '.join(replicas))}"
+                                              for name, replicas in _replicas(plan).items()) + ")",
            "# where the tracer puts privileged ports (each service on its own address): the block's top half",
            f"LOOPBACK_BLOCK={plan.port_base + PORT_BLOCK // 2}-{plan.port_base + PORT_BLOCK - 1}",
            "# the project's DNS server, where the tracer sends queries to Docker's 127.0.0.11 (run/lib/dns.sh)",
@@ -305,6 +309,14 @@ def render_runner(plan: Plan) -> str:
             "    isolated_endpoints  # where the tracer puts them, in intercept mode (run/lib/isolation.sh)", "}", "",
             "# ---- the engine (the same for every project: run/lib, run/cmd, run/main.sh) ----------------", ""]
     return "\n".join(out) + engine()
+
+
+def _replicas(plan: Plan) -> Dict[str, List[str]]:
+    found: Dict[str, List[str]] = {}
+    for s in plan.services:
+        if s.replica_of:
+            found.setdefault(s.replica_of, []).append(s.name)
+    return {name: sorted(names, key=lambda n: int(n.rsplit("-", 1)[1])) for name, names in found.items()}
 
 
 def _by_isolation(written: List[str], fallback: List[str]) -> List[str]:

@@ -105,7 +105,7 @@ def test_run_sh_is_valid_bash_and_shellcheck_clean(case, tmp_path):
 def test_run_sh_rejects_bad_commands_without_touching_anything(tmp_path):
     script = convert(CASES["e2e-stack"], tmp_path) / "run.sh"
     for args, message in ((["up", "nosuch"], "no such service: nosuch"), (["frob"], "unknown command frob"),
-                          (["exec", "api"], "usage: exec SERVICE COMMAND")):
+                          (["exec", "api"], "usage: exec [--index N] SERVICE COMMAND")):
         proc = subprocess.run([str(script), *args], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
         assert proc.returncode == 1 and message in proc.stderr, (args, proc.stderr)
     assert not (script.parent / "state").exists()

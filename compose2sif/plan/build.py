@@ -154,7 +154,9 @@ def discover(project: Project, options: PlanOptions) -> Discovery:
     presets = options.presets if options.presets is not None else \
         image_adapters.presets_for(s.image for s in services.values())
     adapters = {name: image_adapters.adapter_for(s.image, presets, s) for name, s in services.items()}
-    names = {name: list(dict.fromkeys(n for n in [name, s.container_name, s.hostname, *s.aliases] if n))
+    # a replica answers to its service's name (with the others: all of them resolve) and its container's
+    names = {name: list(dict.fromkeys(n for n in ([s.replica_of, _instance_name(project.name, s)] if s.replica_of
+                                                  else [name, s.container_name]) + [s.hostname, *s.aliases] if n))
              for name, s in services.items()}
     launches = {name: _launch(s) for name, s in services.items()}
     runs = {name: launches[name] or _built_launch(_image_cmd(s, images[image_of[name]], options))
@@ -210,20 +212,38 @@ def _evidence(services: Dict[str, Service], adapters: Dict[str, Optional[Adapter
         if service.healthcheck is not None:
             knobs.from_healthcheck(list(service.healthcheck.test), found[name])
     finder = References(names)
+    replicas = {name: [n for n, s in services.items() if s.replica_of and s.replica_of == service.replica_of]
+                for name, service in services.items() if service.replica_of}
+
+
+    def each_replica(name: str) -> _Many:  # what a client says of one replica of a service, it says of each
+        return _Many([found[n] for n in replicas.get(name, [name])])
+
     for name, service in services.items():  # what clients say: `db:5432`, `http://web/`, DB_HOST + DB_PORT
         pairs = [(host, port) for _, host, port in host_port_pairs(service.environment)]
         texts = [text for _, text in texts_of(service)]
         local = set().union(*(image_adapters.names_not_hosts(text) for text in texts))
         for server, port in [r for text in texts for r in finder.references(text, local)] + \
                 [(finder.service_of[h], p) for h, p in pairs if h in finder.service_of]:
-            found[server].saw(port, "own settings" if server == name else f"referenced by {name}")
+            each_replica(server).saw(port, "own settings" if server == name else f"referenced by {name}")
         for key, value in service.environment.items():  # CACHE_HOST=cache: a client on cache's default port
             server = finder.service_of.get(value or "") if key.endswith(_HOST_KEYS) else None
             if server is not None and server != name and adapters[server] is not None:
                 if not any(k.endswith("_PORT") and k[:-5] == key.rsplit("_", 1)[0] for k in service.environment):
                     for port in adapters[server].ports:
-                        found[server].saw(port, f"named by {name} ({key})")
+                        each_replica(server).saw(port, f"named by {name} ({key})")
     return found
+
+
+class _Many:
+    """Several services' findings as one: what is seen is seen by each."""
+
+    def __init__(self, each: List[Found]):
+        self.each = each
+
+    def saw(self, *args: Any) -> None:
+        for found in self.each:
+            found.saw(*args)
 
 
 _SETTINGS_FILE = 10  # services with this many settings alike got them from one file (an env_file, an anchor)
@@ -329,8 +349,6 @@ def _unsupported_warnings(service: Service) -> List[str]:
                         "loopback address on the node's network and reaches every other by name")
     if service.runtime not in (None, "nvidia"):
         warnings.append(f"service {service.name!r}: runtime {service.runtime!r} is ignored")
-    if (service.replicas or 1) > 1:
-        warnings.append(f"service {service.name!r}: deploy.replicas {service.replicas} becomes one instance")
     if service.limits:
         warnings.append(f"service {service.name!r}: deploy.resources.limits are not enforced (no cgroups); "
                         "the batch job's allocation is the limit")
@@ -402,7 +420,8 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
             writable_tmpfs=bool(knobs.hints(service).get("writable_tmpfs")),
             adapter=adapter.family if adapter else None, warnings=result.warnings,
             fakeroot=_fakeroot(service, adapter), probe_environment=probe_environment,
-            host_network=service.network_mode == "host", needs_loopback=network.needs_loopback.get(name, "")))
+            host_network=service.network_mode == "host", needs_loopback=network.needs_loopback.get(name, ""),
+            replica_of=service.replica_of))
         warnings.extend(result.warnings)
     if found.presets:
         warnings.append("preset " + ", ".join(sorted(found.presets)) + ": its adapters shape "
@@ -537,6 +556,10 @@ def _hosts(services: Dict[str, Service], names: Dict[str, List[str]], network: N
     for name in sorted(services):
         mine = []
         for alias in names[name]:
+            if alias in owner and services[owner[alias]].replica_of and \
+                    services[owner[alias]].replica_of == services[name].replica_of:
+                mine.append(alias)  # a replica's service name: each replica's address, as Docker's DNS has it
+                continue
             if alias in owner:
                 warnings.append(f"services {owner[alias]!r} and {name!r} share the name {alias!r}; it points at "
                                 f"{owner[alias]!r}")

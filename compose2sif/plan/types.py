@@ -64,6 +64,7 @@ class ServicePlan:
     pre_start: List[PreStartPlan] = field(default_factory=list)      # run in order before its first start
     host_network: bool = False        # network_mode: host: the node's network as it is (never relocated)
     needs_loopback: str = ""          # why `up` refuses it where services cannot get a loopback of their own
+    replica_of: Optional[str] = None  # one of the replicas NAME-1..NAME-N of this service (deploy.replicas)
 
 
 @dataclass

@@ -10,6 +10,7 @@ cmd_up() {
         esac
         shift
     done
+    expand_replicas "${names[@]}" && names=("${EXPANDED[@]}")  # a service of N replicas: each of them
     for name in "${names[@]}"; do load_service "$name"; done  # unknown names end here, with a message
     [ ${#SERVICES[@]} -gt 0 ] || die "no service selected"  # Docker Compose's words: all are behind profiles
     take_project_lock up

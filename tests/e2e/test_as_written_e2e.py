@@ -4,7 +4,8 @@ forwarders on each of the node's addresses, never on the wildcard, so other serv
 port on their own addresses: `pooler` publishes 5432 beside a real PostgreSQL on 5432 that its
 client reaches as `db` on the default port; three servers on 3000, one published 3000:3000, each
 reached by name; an nginx config with `resolver 127.0.0.11` and a variable upstream, left as
-written, answered by the project's DNS server. Every answer says who sent it (the servers answer their own names, PostgreSQL
+written, answered by the project's DNS server; a worker of `deploy.replicas: 3`, each replica
+running on its own address, the service's name resolving to all three. Every answer says who sent it (the servers answer their own names, PostgreSQL
 its own protocol). Real Apptainer as the unprivileged user hpc (rootless)."""
 import json
 
@@ -111,3 +112,35 @@ def test_docker_dns_answers_nginx_as_written(written):
     assert answer(node, f"http://{own['front']}:8080/") == "I am w2"  # nginx asked 127.0.0.11 for w2
     log = node.run(f"cd ~ && cat {OUT}/state/logs/dns.log", timeout=60).stdout
     assert "cannot" not in log, log
+
+
+DNS_QUERY = """
+import socket, struct, sys
+q = struct.pack(">HHHHHH", 7, 0x0100, 1, 0, 0, 0) + bytes([len(sys.argv[1])]) + sys.argv[1].encode() + b"\\0\\0\\1\\0\\1"
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(10)
+s.sendto(q, ("127.0.0.11", 53))
+r = s.recv(4096)
+at, found = len(q), []
+for _ in range(struct.unpack(">H", r[6:8])[0]):
+    found.append(socket.inet_ntoa(r[at + 12:at + 16]))
+    at += 16
+print(" ".join(sorted(found)))
+"""
+
+
+def test_three_replicas_run_each_on_its_own_address_and_the_name_resolves_to_all(written):
+    node, _ = written
+    rows = {r["service"]: r for r in json.loads(node.run(f"cd ~ && {OUT}/run.sh ps --format json", check=True).stdout)}
+    replicas = [f"worker-{i}" for i in (1, 2, 3)]
+    assert all(rows[name]["state"] == "running" for name in replicas), rows
+    plan = json.loads((node.home / OUT / "plan.json").read_text())
+    addresses = sorted(s["address"] for s in plan["services"] if s.get("replica_of") == "worker")
+    assert len(set(addresses)) == 3
+    for address in addresses:
+        assert answer(node, f"http://{address}:4000/") == "I am worker"
+    asked = node.run(f"cd ~ && {OUT}/run.sh exec caller python3 -c {json.dumps(DNS_QUERY)} worker", timeout=120)
+    assert asked.returncode == 0 and asked.stdout.split() == addresses, asked.stdout + asked.stderr
+    code = "import urllib.request as u; print(u.urlopen('http://localhost:4000/', timeout=10).read().decode().strip())"
+    second = node.run(f"cd ~ && {OUT}/run.sh exec --index 2 worker python3 -c {json.dumps(code)}", timeout=120)
+    assert second.returncode == 0 and second.stdout.strip() == "I am worker", second.stdout + second.stderr

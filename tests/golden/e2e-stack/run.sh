@@ -12,7 +12,8 @@
 #   ./run.sh down [-v]             stop every instance; -v also deletes the named volumes
 #   ./run.sh ps [--format json]    state, health, address:port and uptime of each service
 #   ./run.sh logs [-f] SERVICE     the service's output
-#   ./run.sh exec SERVICE CMD...   run a command inside the service's instance
+#   ./run.sh exec [--index N] SERVICE CMD...   run a command inside the service's instance
+#                                  (--index: which of its replicas, 1 by default)
 #   ./run.sh restart SERVICE       stop and start one service
 # shellcheck disable=SC2016  # single-quoted $VARs in the data below are for the instances' shells
 set -o pipefail  # not -u: bash 4.2 (RHEL7) treats empty arrays as unset
@@ -28,6 +29,8 @@ PROJECT=c2s-e2e
 STATE="$HERE/state"
 RUNDIR="$STATE/run"
 SERVICES=(db llm redis init api worker proxy)
+# services of several replicas (deploy.replicas): each one's NAME-1..NAME-N
+declare -A REPLICAS=()
 # where the tracer puts privileged ports (each service on its own address): the block's top half
 LOOPBACK_BLOCK=30050-30099
 # the project's DNS server, where the tracer sends queries to Docker's 127.0.0.11 (run/lib/dns.sh)
