@@ -1,5 +1,11 @@
 """The network plan: every service gets its own loopback address and keeps its ports.
 
+Two plans (docs/ports.md). ``plan_as_written``: where each service gets a loopback of its own at
+run time (bin/c2s-loopback), nothing is decided but the addresses and the forwarders of published
+ports; this is the plan `up` runs wherever the tracer works. ``plan_network``, the rest of this
+module: the plan-time fallback for nodes where it does not, which must guess, from static evidence,
+where each program listens and move what clashes through knobs.
+
 Rootless Apptainer instances share the node's network namespace, and every user of the node shares
 it too. All of 127.0.0.0/8 is loopback on Linux and an unprivileged user may bind any address in it,
 so each service listens on an address of its own in a /24 block that belongs to this user and
