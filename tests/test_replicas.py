@@ -5,17 +5,15 @@ tests/test_intercept.py); what depends on the service depends on each; `up`, `re
 port), refused in one line. The run.sh verbs run against the recording STAND-IN runtime
 (tests/standins), as in test_run_verbs.py."""
 import os
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from compose2sif.load import ProjectOptions, load_project
 from compose2sif.plan import PlanOptions, build_plan
-from test_run_verbs import ENGINE_MARKER, REPO, calls, listing, run_verb
+from test_run_verbs import ENGINE_MARKER, REPO, calls, listing, run_verb, standin_init
 
 COMPOSE = """name: v
 services:
@@ -89,13 +87,8 @@ def test_up_restart_exec_and_logs_take_the_services_name(replicated):
     started = [c[c.index("instance") + 2:][-1] for c in calls(tmp_path) if c[:2] == ["instance", "start"]]
     assert sorted(started) == ["v-worker-1", "v-worker-2", "v-worker-3"], up.stderr
     # exec: --index N, as Compose's (1 by default)
-    init = subprocess.Popen(["bash", "-c", "sleep 60 & wait"], start_new_session=True)
-    try:
-        for _ in range(100):
-            if Path(f"/proc/{init.pid}/task/{init.pid}/children").read_text().strip():
-                break
-            time.sleep(0.02)
-        listing(tmp_path, **{f"v-worker-{i}": {"pid": init.pid} for i in (1, 2, 3)})
+    with standin_init() as init:
+        listing(tmp_path, **{f"v-worker-{i}": {"pid": init} for i in (1, 2, 3)})
         proc = run_verb(tmp_path, "exec", "cmd_exec", "--index", "2", "worker", "echo", "hi")
         assert proc.returncode == 0, proc.stderr
         assert "instance://v-worker-2" in calls(tmp_path)[-1] and calls(tmp_path)[-1][-2:] == ["echo", "hi"]
@@ -104,8 +97,6 @@ def test_up_restart_exec_and_logs_take_the_services_name(replicated):
         proc = run_verb(tmp_path, "exec", "cmd_exec", "--index", "4", "worker", "true")
         assert proc.returncode == 1 and proc.stderr == ("run.sh: exec: worker has no replica 4 "
                                                         "(worker-1 worker-2 worker-3)\n"), proc.stderr
-    finally:
-        os.killpg(init.pid, 9)
     # logs: each replica's lines, prefixed with its name
     logs = tmp_path / ".apptainer" / "instances" / "logs" / "node" / subprocess.run(
         ["id", "-nu"], capture_output=True, text=True).stdout.strip()  # where the runtime keeps them

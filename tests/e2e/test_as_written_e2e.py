@@ -8,6 +8,9 @@ written, answered by the project's DNS server; a worker of `deploy.replicas: 3`,
 running on its own address, the service's name resolving to all three. Every answer says who sent it (the servers answer their own names, PostgreSQL
 its own protocol). Real Apptainer as the unprivileged user hpc (rootless)."""
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -33,7 +36,10 @@ def answer(node, url: str, via: str = "") -> str:
 
 @pytest.fixture(scope="module")
 def written(node):
-    node.copy_stack("as-written-stack", source="as-written-stack")
+    stack = node.copy_stack("as-written-stack", source="as-written-stack")
+    (stack / "app").mkdir(exist_ok=True)  # the intercept stack's server, which answers its own name
+    shutil.copy(Path(__file__).parent / "intercept-stack" / "app" / "who.py", stack / "app" / "who.py")
+    subprocess.run(["chown", "-R", f"{node.uid}:{node.uid}", str(stack / "app")], check=True)
     node.run(f"cd ~ && rm -rf {OUT}")
     proc = node.run(f"cd ~ && C2S_PORT_ISOLATION=intercept python3 -m compose2sif -f as-written-stack/compose.yaml up -d "
                     f"--registry-mirror {node.registry} -o {OUT}", timeout=1500)
