@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -133,28 +132,3 @@ def test_container_name_refused_by_the_schema_is_worded_as_compose_words_it(tmp_
     assert rc != 0 and "services.app.container_name 'a b' does not match pattern '[a-zA-Z0-9][a-zA-Z0-9_.-]+'" in theirs
     rc, _, ours = run_ours([], tmp_path, base_env({}))
     assert rc != 0 and "services.app.container_name: 'a b' does not match pattern '[a-zA-Z0-9][a-zA-Z0-9_.-]+'" in ours
-
-
-# ---- YAML alias bombs ------------------------------------------------------------------------------
-
-def _alias_bomb(levels: int) -> str:
-    lines = ['x-a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
-    lines += [f"x-a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels + 1)]
-    return "\n".join(lines) + "\nservices:\n  a:\n    image: a\n"
-
-
-def test_an_alias_bomb_is_refused_quickly_as_go_yaml_refuses_it(tmp_path):
-    (tmp_path / "compose.yaml").write_text(_alias_bomb(6))  # about 400 bytes, 10 million nodes expanded
-    started = time.monotonic()
-    with pytest.raises(ComposeError, match="yaml: document contains excessive aliasing"):
-        load_project(ProjectOptions(cwd=str(tmp_path), environ={"PATH": "/usr/bin:/bin"}))
-    assert time.monotonic() - started < 2
-
-
-def test_a_shared_anchor_within_go_yaml_s_ratio_loads(tmp_path):
-    # 30 services merging one 50-label anchor: about 3,000 of 3,200 decoded nodes come through aliases
-    labels = "".join(f"\n    l{i}: v" for i in range(50))
-    services = "".join(f"\n  s{i}:\n    <<: *common\n    image: a" for i in range(30))
-    (tmp_path / "compose.yaml").write_text(f"x-common: &common\n  labels:{labels}\nservices:{services}\n")
-    project = load_project(ProjectOptions(cwd=str(tmp_path), environ={"PATH": "/usr/bin:/bin"}))
-    assert len(project.config["services"]["s29"]["labels"]) == 50
