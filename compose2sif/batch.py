@@ -290,8 +290,8 @@ def render(plan: dict, out_dir: str, names: List[str], options: BatchOptions) ->
         levels[level] = max(levels.get(level, 0), float(service.get("stop_grace_period") or 10))
     runner_grace = math.ceil(sum(levels.values())) + 10 * len(levels)
     stop_lead = max(options.stop_lead, runner_grace + ray_grace * 2 + 30)
-    published = [f"{p['address']}:{p['host']}" for name in chosen for p in by_name[name].get("ports") or []
-                 if p.get("published")]
+    published = [p.get("forward") or f"{p['address']}:{p['host']}" for name in chosen
+                 for p in by_name[name].get("ports") or [] if p.get("published")]
 
     q = shlex.quote
     if options.launcher:

@@ -304,12 +304,38 @@ def quota_text(path: str) -> str:
     return "quota: unknown"
 
 
-def plan_lines(out_dir: str) -> List[Line]:
+FALLBACK_PLAN = "fallback/plan.json"  # the plan-time knobs' plan, beside the plan as written (plan.json)
+
+
+def node_addresses() -> List[str]:
+    """Where run.sh serves a port published on all interfaces: 127.0.0.1, ::1, and the node's IPv4
+    addresses (its local routes; run/lib/endpoints.sh's node_addresses)."""
+    found = ["127.0.0.1"]
+    try:
+        with open("/proc/net/fib_trie", encoding="ascii") as fh:
+            previous = ""
+            for line in fh:
+                line = line.strip()
+                if line.startswith("|-- "):
+                    previous = line[4:]
+                elif line == "/32 host LOCAL" and not previous.startswith("127.") and previous not in found:
+                    found.append(previous)
+    except OSError:
+        pass
+    return found + ["::1"] if os.path.exists("/proc/net/if_inet6") else found
+
+
+def plan_lines(out_dir: str, fallback: bool = False) -> List[Line]:
+    """Each planned endpoint: free, served by its own service or forwarder, or taken (by whom).
+    ``fallback``: the plan-time knobs' plan, where `up` falls back to it here."""
     try:
         with open(os.path.join(out_dir, "plan.json"), encoding="utf-8") as fh:
             plan = json.load(fh)
     except (OSError, ValueError):
         return [("warn", f"no plan.json in {out_dir}: endpoints not checked (run `compose2sif convert` first)")]
+    if fallback and plan.get("fallback"):
+        plan = _plan(out_dir, FALLBACK_PLAN) or plan
+    written = bool(plan.get("isolation"))  # as written: every port on the service's own address
     lines: List[Line] = []
     listening = node_listeners()
     instances = None  # pid -> name of the user's instances, read when a port is taken
@@ -323,9 +349,12 @@ def plan_lines(out_dir: str) -> List[Line]:
                 lines.append(("warn", f"service {service['name']} would listen on all interfaces ({shown}): anyone "
                                       "who reaches this node reaches it (fix: publish it on 127.0.0.1 in the compose file)"))
             checks = [(endpoint, shown)]
-            if port.get("forward"):  # published on another number: its forwarder's endpoint too
+            if port.get("forward"):  # published through a forwarder: its endpoint too
                 address, number = port["forward"].rsplit(":", 1)
-                checks.append(((address, int(number)), f"published {port['forward']}"))
+                if written and address in ("0.0.0.0", "::"):  # served on each address of the node, one by one
+                    checks += [((a, int(number)), f"published {a}:{number}") for a in node_addresses()]
+                else:
+                    checks.append(((address, int(number)), f"published {port['forward']}"))
             for point, text in checks:
                 taken = sorted(held for held in listening if overlaps(held, point))
                 if not taken:
@@ -419,9 +448,9 @@ def _user() -> str:
         return str(os.getuid())
 
 
-def _plan(out_dir: Optional[str]) -> Optional[dict]:
+def _plan(out_dir: Optional[str], name: str = "plan.json") -> Optional[dict]:
     try:
-        with open(os.path.join(out_dir or "", "plan.json"), encoding="utf-8") as fh:
+        with open(os.path.join(out_dir or "", name), encoding="utf-8") as fh:
             plan = json.load(fh)
     except (OSError, ValueError):
         return None
@@ -451,6 +480,9 @@ def untraceable_lines(out_dir: str) -> List[Line]:
     """Where services get no loopback of their own: each service whose ports only one makes work
     (plan.json's needs_loopback) and whose image is built, which `up` refuses here."""
     plan = _plan(out_dir) or {}
+    if plan.get("fallback_refusal"):
+        return [("fail", f"`up` refuses the project on this node: {plan['fallback_refusal']}")]
+    plan = _plan(out_dir, FALLBACK_PLAN) or plan
     return [("fail", f"service {s['name']}: `up` refuses it on this node: {s['needs_loopback']}")
             for s in plan.get("services") or [] if isinstance(s, dict) and s.get("needs_loopback")
             and os.path.isfile(os.path.join(out_dir, "sif", f"{s.get('image')}.sif"))]
@@ -520,7 +552,8 @@ def report(out_dir: Optional[str]) -> List[Line]:
         lines += helper_lines(out_dir)
         isolation = isolation_line(out_dir)
         lines += [isolation] if isolation else []
-        if isolation and isolation[0] != "ok":  # not a loopback per service here
+        fallback = bool(isolation and isolation[0] != "ok")  # not a loopback per service here
+        if fallback:
             lines += untraceable_lines(out_dir)
-        lines += plan_lines(out_dir)
+        lines += plan_lines(out_dir, fallback)
     return lines

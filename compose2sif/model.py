@@ -7,7 +7,7 @@ requests are explicit. The planner works on these types and never looks at raw c
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from compose2sif.errors import ComposeError
@@ -107,6 +107,8 @@ class Service:
     extensions: Dict[str, Any] = field(default_factory=dict)  # x-* keys, e.g. x-compose2sif
     pre_start: List[PreStartStep] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict)          # every key as loaded, for warnings
+    replica_of: Optional[str] = None  # one of N replicas (deploy.replicas, scale): the service it is of
+    replica: int = 0                  # its index, 1..N, as Compose numbers containers
 
 
 def _seconds(value: Optional[str], default: float) -> float:
@@ -225,7 +227,7 @@ def build_service(name: str, config: Dict[str, Any]) -> Service:
         pull_policy=str(config.get("pull_policy") or "missing"),
         network_mode=config.get("network_mode"),
         networks=list(config.get("networks") or {}),
-        replicas=deploy.get("replicas"),
+        replicas=deploy.get("replicas") if deploy.get("replicas") is not None else config.get("scale"),
         limits=(deploy.get("resources") or {}).get("limits") or {},
         extensions={k: v for k, v in config.items() if k.startswith("x-")},
         pre_start=[_pre_start_step(step) for step in config.get("pre_start") or []],
@@ -238,11 +240,41 @@ def services(project: Project) -> Dict[str, Service]:
     not required is dropped here (Compose keeps it in `config` output but never starts it), and so
     is a service scaled to zero (`deploy.replicas: 0` or `scale: 0`: Compose creates no container)."""
     active = {name: config for name, config in project.config["services"].items() if not scaled_to_zero(config)}
-    out = {}
+    out: Dict[str, Service] = {}
     for name, config in active.items():
         service = build_service(name, config)
         service.depends_on = [d for d in service.depends_on if d.service in active]
         out[name] = service
+    return _replicas(out)
+
+
+def _replicas(services: Dict[str, Service]) -> Dict[str, Service]:
+    """A service of N > 1 replicas becomes N services NAME-1..NAME-N (Compose's container numbers),
+    each of them everything the service is; what depends on it depends on each. Where Compose's
+    second replica would fail (a fixed published port: "port is already allocated"), refused."""
+    counts = {name: s.replicas or 1 for name, s in services.items() if (s.replicas or 1) > 1}
+    if not counts:
+        return services
+    for name, n in counts.items():
+        taken = next((f"{name}-{i}" for i in range(1, n + 1) if f"{name}-{i}" in services), None)
+        if taken is not None:
+            raise ComposeError(f"its replica {taken} has the name of another service; rename that one",
+                               path=f"services.{name}.deploy.replicas")
+    out: Dict[str, Service] = {}
+    for name, service in services.items():
+        deps = [replace(d, service=f"{d.service}-{i}") for d in service.depends_on if d.service in counts
+                for i in range(1, counts[d.service] + 1)] + [d for d in service.depends_on if d.service not in counts]
+        service.depends_on = deps
+        if name not in counts:
+            out[name] = service
+            continue
+        fixed = next((p for p in service.ports if p.published and p.published.isdigit()), None)
+        if fixed is not None:
+            raise ComposeError(f"{counts[name]} replicas cannot all publish port {fixed.published} (under Docker the "
+                               "second fails: port is already allocated); fix: publish the container port alone "
+                               f'(`- "{fixed.target}"`), or run one replica', path=f"services.{name}.ports")
+        for i in range(1, counts[name] + 1):
+            out[f"{name}-{i}"] = replace(service, name=f"{name}-{i}", replica_of=name, replica=i)
     return out
 
 

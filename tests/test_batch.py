@@ -95,8 +95,10 @@ def test_a_whole_project_is_one_job_on_one_node(tmp_path, scheduler):
     assert got["nodes"] == ["1"] and got["run_dir"] == [str(out)] and got["services"] == []  # all of them
     assert got["ray_service"] == [""] and got["elapse_s"] == ["9000"]
     assert sorted(got["sifs"]) == sorted({str(out / i["sif"]) for i in plan["images"].values()})
-    published = {f"{p['address']}:{p['host']}" for s in plan["services"] for p in s["ports"] if p["published"]}
-    assert published and set(got["published"]) == published
+    # where a node's clients reach them: a forwarder's address, as written (each service on its own)
+    published = {p["forward"] or f"{p['address']}:{p['host']}" for s in plan["services"] for p in s["ports"]
+                 if p["published"]}
+    assert published == {"0.0.0.0:8080"} and set(got["published"]) == published
     assert "    module load apptainer" in lines
     shellcheck(text, tmp_path)
 

@@ -35,7 +35,8 @@ def convert(source: Path, tmp_path: Path) -> Path:
     project_dir = tmp_path / "project"
     shutil.copytree(source, project_dir, ignore=shutil.ignore_patterns("*.gguf"))
     project = load_project(ProjectOptions(cwd=str(project_dir), environ={"HOME": "/home/user"}))
-    options = PlanOptions(registry_mirror="127.0.0.1:5000", port_base=30000, address_block="127.45.3")
+    options = PlanOptions(registry_mirror="127.0.0.1:5000", port_base=30000, address_block="127.45.3",
+                          loopback=True)  # as convert plans it with the package's helpers: as written, and the fallback
     out = tmp_path / "out"
     render.write(build_plan(project, options), str(out))
     return out
@@ -104,7 +105,7 @@ def test_run_sh_is_valid_bash_and_shellcheck_clean(case, tmp_path):
 def test_run_sh_rejects_bad_commands_without_touching_anything(tmp_path):
     script = convert(CASES["e2e-stack"], tmp_path) / "run.sh"
     for args, message in ((["up", "nosuch"], "no such service: nosuch"), (["frob"], "unknown command frob"),
-                          (["exec", "api"], "usage: exec SERVICE COMMAND")):
+                          (["exec", "api"], "usage: exec [--index N] SERVICE COMMAND")):
         proc = subprocess.run([str(script), *args], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
         assert proc.returncode == 1 and message in proc.stderr, (args, proc.stderr)
     assert not (script.parent / "state").exists()

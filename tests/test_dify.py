@@ -104,7 +104,9 @@ def dify(request, tmp_path_factory):
     work = dify_copy(tmp_path_factory.mktemp("dify"), request.param)
     proc = convert(work)
     assert proc.returncode == 0, proc.stderr
-    plan = json.loads((work / "out" / "plan.json").read_text())
+    # the plan-time knobs' plan (fallback/), which tells each service its address and moved ports;
+    # the plan as written (plan.json, where each service gets a loopback of its own) tells nothing
+    plan = json.loads((work / "out" / "fallback" / "plan.json").read_text())
     return work, plan, proc, request.param
 
 
@@ -113,10 +115,16 @@ def service(plan, name):
 
 
 def env_of(work, name):
-    text = (work / "out" / "env" / f"{name}.env").read_text()
+    text = (work / "out" / "fallback" / "env" / f"{name}.env").read_text()
     import shlex
     return {k: shlex.split(v)[0] if v else "" for k, _, v in
             (line.partition("=") for line in text.splitlines() if line and not line.startswith("#"))}
+
+
+def fallback_file(work, *parts):
+    """A rendered file as the fallback runs it: its own copy where it differs, else the one plan.json's has."""
+    own = work.joinpath("out", "fallback", *parts)
+    return own if own.exists() else work.joinpath("out", *parts)
 
 
 def stored(work):
@@ -136,10 +144,29 @@ def test_dotenv_is_dify_s_own_and_the_plan_is_sound(dify):
         def __init__(self, data):
             self.services = [type("S", (), {**s, "ports": [type("P", (), p) for p in s["ports"]],
                                             "environment": env_of(work, s["name"])}) for s in data["services"]]
-            self.configs = {str(p.relative_to(work / "out")): p.read_text() for p in (work / "out" / "config").rglob("*")
-                            if p.is_file()}
+            self.configs = {str(p.relative_to(work / "out")): p.read_text()
+                            for root in (work / "out" / "config", work / "out" / "fallback" / "config")
+                            for p in root.rglob("*") if p.is_file()}
     check_plan(Plan(plan))
     assert all(p["host"] >= 1024 for s in plan["services"] for p in s["ports"])
+
+
+def test_the_plan_as_written_tells_no_service_an_address_or_a_port(dify):
+    """plan.json, where each service gets a loopback of its own: every port where Dify's files put
+    it, on the service's own address; no address or moved port in any environment or launch line;
+    the published ports (nginx's 80, privileged) through a forwarder."""
+    work, _, proc, _ = dify
+    plan = json.loads((work / "out" / "plan.json").read_text())
+    assert plan["fallback"] == "fallback/plan.json" and plan["isolation"].startswith("as written")
+    for s in plan["services"]:
+        assert all(p["host"] == p["container"] and p["address"] == s["address"] for p in s["ports"]), s["name"]
+        text = (work / "out" / "env" / f"{s['name']}.env").read_text()
+        assert "127.45.3." not in text and "127.45.3." not in " ".join(s["launch"] or []), s["name"]
+    nginx = next(p for p in service(plan, "nginx")["ports"] if p["container"] == 80)
+    front = int(nginx["forward"].rsplit(":", 1)[1])
+    assert nginx["forward"].startswith("0.0.0.0:") and front >= 1024
+    assert f"service 'nginx': published port 80 is privileged; it is published on 0.0.0.0:{front}" in proc.stderr
+    assert f"ENTRY_POINTS=('nginx http 0.0.0.0 {front} /install')" in (work / "out" / "run.sh").read_text()
 
 
 def test_dify_s_env_turns_on_the_collaboration_profile(dify):
@@ -228,7 +255,7 @@ def test_every_generated_secret_passes_its_reader_s_check_and_is_shared(dify):
     for url in filter(None, urls):
         assert urlparse(url).password == password and urlparse(url).hostname == "redis", url
     assert urls[2]  # agent_backend's comes from the compose file itself
-    redis_conf = (work / "out" / "config" / "redis" / "redis" / "compose2sif.conf").read_text()
+    redis_conf = fallback_file(work, "config", "redis", "redis", "compose2sif.conf").read_text()
     assert f'requirepass "{password}"' in redis_conf
     shared(password, ("redis", "REDISCLI_AUTH"), ("api", "REDIS_PASSWORD"), ("plugin_daemon", "REDIS_PASSWORD"))
     assert values["DB_PASSWORD"] != password
@@ -314,13 +341,13 @@ def test_addresses_are_told_only_through_what_each_service_reads(dify):
     for name, port in (("sandbox", 8194), ("plugin_daemon", 5002)):  # no setting for their address
         assert service(plan, name)["address"] == "0.0.0.0"
         assert [p["address"] for p in service(plan, name)["ports"] if p["container"] == port] == ["0.0.0.0"]
-        assert f"WARN service '{name}' listens on all interfaces (0.0.0.0:{port})" in proc.stderr
+        assert f"{name} (0.0.0.0:{port})" in proc.stderr.split("listening on all interfaces there: ")[1]
 
 
 def test_doctor_checks_the_endpoint_each_service_binds(dify):
     from compose2sif import doctor
     work, plan, _, _ = dify
-    lines = [text for _, text in doctor.plan_lines(str(work / "out"))]
+    lines = [text for _, text in doctor.plan_lines(str(work / "out"), fallback=True)]
     agent = service(plan, "agent_backend")["address"]
     assert any(line.startswith(f"service agent_backend: {agent}:5050 ") for line in lines), lines
     assert any(line.startswith("service sandbox would listen on all interfaces (0.0.0.0:8194)") for line in lines)
@@ -338,7 +365,7 @@ def test_browser_facing_urls_follow_the_ssh_tunnel(dify):
         assert api["CONSOLE_API_URL"] == api["APP_WEB_URL"] == ""    # empty: the page's own origin
     assert proc.stderr.count(f"now name localhost:{front}, the local end of the SSH tunnel") == 1
     # the tunnel `up` prints: ssh -N -L PORT:localhost:PORT ..., then http://localhost:PORT/install
-    assert f"ENTRY_POINTS=('nginx http 0.0.0.0 {front} /install')" in (work / "out" / "run.sh").read_text()
+    assert f"FALLBACK_ENTRY_POINTS=('nginx http 0.0.0.0 {front} /install')" in (work / "out" / "run.sh").read_text()
 
 
 def test_every_service_has_a_working_directory_and_its_writable_paths(dify):
@@ -359,7 +386,7 @@ def test_nginx_runs_without_the_entrypoint_copy_and_needs_no_docker_resolver(dif
     nginx = service(plan, "nginx")
     assert nginx["launch"] == ["nginx", "-g", "daemon off;"]
     assert "/docker-entrypoint-mount.sh" not in [b["target"] for b in nginx["binds"]]
-    conf = (work / "out" / "config" / "nginx" / "root" / "etc" / "nginx" / "conf.d" / "default.conf").read_text()
+    conf = fallback_file(work, "config", "nginx", "root", "etc", "nginx", "conf.d", "default.conf").read_text()
     http = next(p for p in nginx["ports"] if p["container"] == 80)
     assert f"listen {http['address']}:{http['host']};" in conf and "${" not in conf
     assert "127.0.0.11" not in conf
@@ -367,9 +394,9 @@ def test_nginx_runs_without_the_entrypoint_copy_and_needs_no_docker_resolver(dif
     assert f"set $socket_io_upstream {service(plan, websocket)['address']}:5001;" in conf
     for upstream in ("http://api:5001", "http://web:3000", "http://plugin_daemon:5002"):
         assert upstream in conf
-    assert (work / "out" / "config" / "nginx" / "root" / "etc" / "nginx" / "proxy.conf").is_file()
+    assert fallback_file(work, "config", "nginx", "root", "etc", "nginx", "proxy.conf").is_file()
     # after `up`, run.sh prints the URL, the SSH tunnel and the admin page
-    assert f"ENTRY_POINTS=('nginx http 0.0.0.0 {http['host']} /install')" in (work / "out" / "run.sh").read_text()
+    assert f"FALLBACK_ENTRY_POINTS=('nginx http 0.0.0.0 {http['host']} /install')" in (work / "out" / "run.sh").read_text()
 
 
 def test_ssrf_proxies_listen_on_their_own_address_and_allow_the_model_servers(tmp_path):

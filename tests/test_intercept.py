@@ -155,19 +155,76 @@ def read_line_from(host: str, port: int):
     return [sys.executable, "-c", f"import socket; print(socket.create_connection(({host!r}, {port})).makefile().readline(), end='')"]
 
 
-def test_a_kept_port_is_bound_as_written(services, tracer, tmp_path):
-    """--keep P (a port published on its own number): the bind stays on every address, so the
-    node's clients reach it on 127.0.0.1 as Docker publishes it; other ports still move."""
-    kept, moved = free_port("127.0.0.1"), free_port("127.0.0.1")
-    code = ("import socket, time; s = [socket.create_server(('0.0.0.0', p)) for p in map(int, __import__('sys').argv[1:])]; "
-            "time.sleep(60)")
-    server = services("127.0.9.7", [sys.executable, "-c", code, str(kept), str(moved)], extra=("--keep", str(kept)))
-    wait_listening("127.0.0.1", kept)
-    wait_listening("127.0.9.7", moved)
-    assert refused("127.0.0.1", moved)
-    assert server.lines() == [f"bind TCP 0.0.0.0:{moved} 127.0.9.7:{moved}"]
-    bad = traced(tracer, "127.0.9.7", ["true"], "--keep", "x")
-    assert bad.returncode == 125 and bad.stderr == "c2s-loopback: --keep wants a PORT, got x\n"
+DNS_CLIENT = """
+import socket, struct, sys
+def query(name, qtype, tcp):
+    q = struct.pack(">HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0)
+    q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\\0" + struct.pack(">HH", qtype, 1)
+    if tcp:
+        s = socket.create_connection(("127.0.0.11", 53), timeout=10)
+        s.sendall(struct.pack(">H", len(q)) + q)
+        r = b""
+        while len(r) < 2 or len(r) < 2 + struct.unpack(">H", r[:2])[0]:
+            r += s.recv(4096)
+        r = r[2:]
+    else:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(10)
+        s.sendto(q, ("127.0.0.11", 53))
+        r = s.recv(4096)
+    ident, flags, _, count = struct.unpack(">HHHH", r[:8])
+    at = len(q)
+    found = []
+    for _ in range(count):
+        rtype, _, _, length = struct.unpack(">HHIH", r[at + 2:at + 12])
+        found.append(socket.inet_ntoa(r[at + 12:at + 16]) if rtype == 1 else str(rtype))
+        at += 12 + length
+    return "%x %d %s" % (ident, flags & 15, ",".join(found) or "-")
+for word in sys.argv[1:]:
+    name, qtype, how = word.split("/")
+    print(word, query(name, int(qtype), how == "tcp"), flush=True)
+"""
+
+
+def test_docker_dns_answers_the_projects_names_and_relays_the_rest(tracer, tmp_path):
+    """--serve-dns: the project's DNS server, and --dns: a traced program's query to Docker's
+    127.0.0.11:53 goes there, over UDP (unconnected, as a resolver sends) and TCP. A name of the
+    hosts file gets its addresses (every one: replicas), case aside; an AAAA for it no record;
+    another name goes to the node's resolver (here, with no network, its failure comes back); a
+    name added to the hosts file is answered at once."""
+    hosts = tmp_path / "hosts.names"
+    hosts.write_text("127.0.9.20 db postgres-db\n127.0.9.21 web\n127.0.9.22 worker\n127.0.9.23 worker\n")
+    port = free_port("127.0.9.1")
+    server = subprocess.Popen([str(tracer), "--serve-dns", f"127.0.9.1:{port}", "--hosts", str(hosts)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_listening("127.0.9.1", port)
+        record = tmp_path / "record"
+        words = ["db/1/udp", "WORKER/1/udp", "postgres-db/1/tcp", "db/28/udp", "no-such-name.invalid/1/udp",
+                 "worker/1/tcp"]
+        proc = traced(tracer, "127.0.9.30", [sys.executable, "-c", DNS_CLIENT, *words], "--dns", f"127.0.9.1:{port}",
+                      "--record", str(record))
+        assert proc.returncode == 0, proc.stderr
+        got = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+        assert got["db/1/udp"] == "1234 0 127.0.9.20"
+        assert got["WORKER/1/udp"] == got["worker/1/tcp"] == "1234 0 127.0.9.22,127.0.9.23"
+        assert got["postgres-db/1/tcp"] == "1234 0 127.0.9.20"
+        assert got["db/28/udp"] == "1234 0 -"  # known, no IPv6: no record, no error
+        ident, rcode, _ = got["no-such-name.invalid/1/udp"].split()
+        assert ident == "1234" and rcode in ("2", "3")  # the node's resolver's failure, or ours without one
+        lines = record.read_text().splitlines()
+        assert f"connect UDP 127.0.0.11:53 127.0.9.1:{port}" in lines or \
+            f"sendto UDP 127.0.0.11:53 127.0.9.1:{port}" in lines, lines
+        with hosts.open("a") as fh:
+            fh.write("127.0.9.24 late\n")
+        later = traced(tracer, "127.0.9.30", [sys.executable, "-c", DNS_CLIENT, "late/1/udp"], "--dns",
+                       f"127.0.9.1:{port}")
+        assert later.stdout == "late/1/udp 1234 0 127.0.9.24\n", later.stderr
+    finally:
+        server.kill()
+        server.wait()
+    bad = traced(tracer, "127.0.9.7", ["true"], "--dns", "x")
+    assert bad.returncode == 125 and bad.stderr == "c2s-loopback: --dns wants ADDR:PORT, got x\n"
 
 
 def test_privileged_port_goes_to_the_block_and_connects_follow(services, tracer, tmp_path):

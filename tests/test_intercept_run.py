@@ -200,14 +200,27 @@ def test_up_chooses_the_loopback_where_the_check_passes_and_says_why_not_elsewhe
     assert bad.returncode == 1 and bad.stderr == "run.sh: C2S_PORT_ISOLATION=docker: give auto, intercept or plan\n"
 
 
-def test_a_port_published_on_its_own_number_is_kept_where_the_service_binds_it(project):
+def node_pairs(tmp_path, port, target):
+    """S_FORWARDS of a port published on all interfaces: each of the node's addresses -> TARGET."""
+    addresses = run_lib(tmp_path, 'node_addresses && echo "${NODE_ADDRESSES[*]}"').stdout.split()
+    assert addresses[0] == "127.0.0.1" and "0.0.0.0" not in addresses
+    return " ".join(f"{a}:{port} {target}" for a in addresses)
+
+
+def test_a_port_published_on_its_own_number_is_its_forwarders_and_the_service_keeps_its_address(project):
+    """Under the tracer the service binds its own address, as every other; the node's addresses get
+    its published port from forwarders, one by one (never the wildcard, which would take the port
+    from every other service)."""
     tmp_path, published, _ = project
     intercept(tmp_path)
-    proc = run_lib(tmp_path, 'load_service z && echo "${S_ENDPOINTS[*]}" && traced true && echo "${TRACED[*]}"')
+    proc = run_lib(tmp_path, 'load_service z && echo "${S_ENDPOINTS[*]}" && echo "${S_FORWARDS[*]}" && traced true && '
+                             'echo "${TRACED[*]}"')
     assert proc.returncode == 0, proc.stderr
-    endpoint, words = proc.stdout.splitlines()
-    assert endpoint == f"0.0.0.0:{published + 1}?"  # on every address, as Docker publishes it
-    assert f" --keep {published + 1} --record " in words
+    endpoint, forwards, words = proc.stdout.splitlines()
+    own = run_lib(tmp_path, 'load_service z && echo "$S_OWN_ADDRESS"').stdout.strip()
+    assert endpoint == f"{own}:{published + 1}?"
+    assert forwards == node_pairs(tmp_path, published + 1, f"{own}:{published + 1}")
+    assert "--keep" not in words
 
 
 def intercept(tmp_path):
@@ -227,10 +240,13 @@ def test_the_entry_probe_and_exec_run_under_the_tracer_with_words_quoted(project
     run = tmp_path / "out" / "state" / "run"
     assert f"<{run}/a.traced:/.singularity.d/startscript:ro>" in flags
     assert f"<{run}/loopback:/.c2s/records>" in flags and f"<{run}/busybox.entry:/.c2s/entry:ro>" in flags
-    assert words == f"</.c2s/loopback><--addr><{BLOCK}.2><--record></.c2s/records/a><--peers></.c2s/records><--><id><-u>"
+    dns = run_lib(tmp_path, 'echo "$DNS_ENDPOINT"').stdout.strip()
+    assert dns.startswith(f"{BLOCK}.1:")
+    assert words == (f"</.c2s/loopback><--addr><{BLOCK}.2><--dns><{dns}><--record></.c2s/records/a><--peers>"
+                     "</.c2s/records><--><id><-u>")
     wrapper = (run / "a.traced").read_text()
     assert wrapper.splitlines()[-1] == (f"exec '/.c2s/loopback' '--addr' '{BLOCK}.2' '--block' '24050-24099' "
-                                        "'--record' '/.c2s/records/a' '--peers' '/.c2s/records' '--' '/bin/sh' "
+                                        f"'--dns' '{dns}' '--record' '/.c2s/records/a' '--peers' '/.c2s/records' '--' '/bin/sh' "
                                         "'/.c2s/entry' \"$@\"")
     entry = (run / "busybox.entry").read_text()
     assert 'eval "$C2S_LAUNCH"' in entry and "exec /.singularity.d/runscript" in entry
@@ -287,7 +303,8 @@ def test_a_start_forgets_where_the_last_run_put_a_privileged_port(project):
     own = run_lib(tmp_path, 'load_service zlow && echo "$S_OWN_ADDRESS"').stdout.strip()
     (tmp_path / "out" / "state" / "run" / "loopback" / "zlow").write_text(f"bind TCP 0.0.0.0:80 {own}:24077\n")
     proc = run_lib(tmp_path, 'load_service zlow && echo "${S_FORWARDS[*]}" && clear_record && echo "${S_FORWARDS[*]}"')
-    assert proc.stdout.splitlines() == [f"0.0.0.0:{published + 2} {own}:24077", f"0.0.0.0:{published + 2} {own}:80"]
+    assert proc.stdout.splitlines() == [node_pairs(tmp_path, published + 2, f"{own}:24077"),
+                                        node_pairs(tmp_path, published + 2, f"{own}:80")]
 
 
 def test_ports_are_published_from_where_the_tracer_put_them(project):
@@ -315,7 +332,7 @@ def test_ports_are_published_from_where_the_tracer_put_them(project):
     lines = result.stdout.splitlines()
     endpoints, forwards = lines[0].split("|")
     assert endpoints == f"{own}:8000?"  # planned 0.0.0.0:8000 (it cannot be told), bound on its own address
-    assert forwards == f"0.0.0.0:{published} {own}:8000"
+    assert forwards == node_pairs(tmp_path, published, f"{own}:8000")
     assert lines[1] == f"{own}:24050"  # 80 went to the first port of the block's top half
     assert sorted(lines[2:]) == [f"web: bind TCP 0.0.0.0:80 {own}:24050", f"web: bind TCP 0.0.0.0:8000 {own}:8000"]
     for _ in range(50):  # (until the stand-in listens on 8000 too)

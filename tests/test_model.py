@@ -90,7 +90,8 @@ def test_keys_the_planner_reads_are_typed(tmp_path):
 networks: {front: {}, back: {}}
 """)
     svc = services(load_project(ProjectOptions(cwd=str(tmp_path), environ={})))
-    app, plain = svc["app"], svc["plain"]
+    app, plain = svc["app-2"], svc["plain"]  # three replicas: app-1..app-3 (tests/test_replicas.py)
+    assert (app.replica_of, app.replica) == ("app", 2)
     assert app.expose == ["9000", "7000-7002", "53/udp"]
     assert (app.stop_signal, app.stop_grace_period, app.pull_policy) == ("SIGINT", 90.0, "always")
     assert sorted(app.networks) == ["back", "front"] and app.replicas == 3 and app.limits == {"cpus": 2.0}

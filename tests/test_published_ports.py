@@ -101,8 +101,10 @@ services:
     return root / "out"
 
 
-def plan_ports(out):
-    plan = json.loads((out / "plan.json").read_text())
+def plan_ports(out, name="fallback/plan.json"):
+    """Each service's ports by container port: the plan-time knobs' plan (fallback/, the run.sh
+    functions below run it: no tracer), or with NAME plan.json, the plan as written."""
+    plan = json.loads((out / name).read_text())
     return {s["name"]: {p["container"]: p for p in s["ports"]} for s in plan["services"]}
 
 
@@ -140,6 +142,27 @@ def test_published_ports_claim_their_place_first_and_a_privileged_one_moves_its_
     assert base <= low["host"] < base + 100 and low["forward"] == f"0.0.0.0:{ports[4]}"
     same = p["same"][ports[5]]
     assert same["forward"] is None and same["address"] == "0.0.0.0" and same["host"] == ports[5]
+
+
+def test_as_written_every_service_keeps_its_ports_and_every_published_port_has_a_forwarder(converted, ports):
+    """The plan where each service gets a loopback of its own: each port on the service's own
+    address, as its compose file says (nothing moved, nothing told); each published port, on its
+    own number too, served by a forwarder, on the address compose gives (all of them: run.sh serves
+    it on each of the node's addresses); a privileged published port on a block port instead."""
+    p, base = plan_ports(converted, "plan.json"), ports[6]
+    for name, by_port in p.items():
+        assert all(e["address"] == own(name) and e["host"] == e["container"] for e in by_port.values()), name
+    assert p["inner"][ports[0]]["forward"] is None  # an internal port beside web's published one: kept
+    assert p["web"][8000]["forward"] == f"0.0.0.0:{ports[0]}" and p["bare"][9000]["forward"] == f"0.0.0.0:{ports[2]}"
+    assert p["local"][7000]["forward"] == f"127.0.0.1:{ports[3]}"
+    assert p["low"][80]["forward"] == f"0.0.0.0:{ports[4]}"  # its 80: the tracer moves it at run time
+    assert p["same"][ports[5]]["forward"] == f"0.0.0.0:{ports[5]}"
+    forward_port = int(p["priv"][8001]["forward"].rsplit(":", 1)[1])
+    assert base <= forward_port < base + 50
+    assert (f"service 'priv': published port 80 is privileged; it is published on 0.0.0.0:{forward_port} instead "
+            "(forwarded to its port 8001)") in (converted / "convert.err").read_text()
+    env = (converted / "env" / "inner.env").read_text()
+    assert f"PORT={ports[0]}" in env and "HOST=0.0.0.0" in env  # as written
 
 
 # ---- run.sh: forwarders and what services really listen on ------------------------------------
@@ -201,6 +224,60 @@ def test_a_forwarder_answers_on_the_published_port_and_goes_with_stop(project, p
     assert stop.returncode == 0 and "web.forward" not in stop.stdout, stop.stderr
     assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
     assert not listens(ports[0])
+
+
+def named_server(started, address, port, name):
+    """A STAND-IN SERVER on ADDRESS:PORT that answers every GET with NAME (who answered)."""
+    code = ("import http.server as h, sys\n"
+            "class A(h.BaseHTTPRequestHandler):\n"
+            "    def do_GET(self):\n"
+            "        self.send_response(200); self.end_headers(); self.wfile.write(sys.argv[1].encode())\n"
+            "    def log_message(self, *a): pass\n"
+            f"s = h.HTTPServer(({address!r}, {port}), A); print('bound', flush=True); s.serve_forever()")
+    proc = subprocess.Popen([sys.executable, "-c", code, name], start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    started.append(proc)
+    ready, _, _ = select.select([proc.stdout], [], [], 10)
+    assert ready and proc.stdout.readline() == b"bound\n", f"{name} could not listen on {address}:{port}"
+    return proc.pid
+
+
+def answer(url):
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read().decode()
+
+
+def test_as_written_a_published_port_is_served_on_each_node_address_and_others_keep_that_port(project, ports):
+    """Under the tracer (ISOLATION=intercept): `same` publishes P on its own number, and `inner`
+    listens on P too, on its own address (as two containers do under Docker). The forwarders of
+    `same` listen on 127.0.0.1:P, ::1 and each address of the node's interfaces, one by one, never
+    on 0.0.0.0: the node's clients reach `same`, a client of `inner` reaches `inner`, and nothing
+    answers on an address of the project nobody listens on."""
+    tmp_path, started = project
+    (tmp_path / "out" / "state" / "run" / "isolation").write_text(f"{socket.gethostname()} auto intercept\ntest\n")
+    p = ports[5]
+    named_server(started, own("same"), p, "same")
+    named_server(started, own("inner"), p, "inner")
+    proc = run_lib(tmp_path, 'load_service same && start_forwarders && cat "$RUNDIR/same.forward" && '
+                             'node_addresses && echo "${NODE_ADDRESSES[*]}"', HOSTNAME=socket.gethostname())
+    try:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        *records, addresses = proc.stdout.splitlines()
+        assert addresses.split()[0] == "127.0.0.1" and "0.0.0.0" not in addresses
+        assert sorted(r.split()[2] for r in records) == sorted(f"{a}:{p}" for a in addresses.split())
+        assert all(r.split()[3] == f"{own('same')}:{p}" for r in records)
+        assert answer(f"http://127.0.0.1:{p}/") == "same" and answer(f"http://localhost:{p}/") == "same"
+        for address in addresses.split()[1:]:
+            assert answer(f"http://{address}:{p}/") == "same", address
+        assert answer(f"http://{own('inner')}:{p}/") == "inner"
+        with pytest.raises(OSError):  # not listening there: refused, never taken by another service
+            answer(f"http://{own('web')}:{p}/")
+        assert not any(line.split()[1].startswith("00000000:") or line.split()[1].startswith("0" * 32 + ":")
+                       for table in ("/proc/net/tcp", "/proc/net/tcp6") for line in open(table).read().splitlines()[1:]
+                       if line.split()[1].endswith(f":{p:04X}") and line.split()[3] == "0A")
+    finally:
+        stop = run_lib(tmp_path, 'stop_forwarders same && wait_ended "${FORWARDERS_ENDED[@]}"', HOSTNAME=socket.gethostname())
+    assert stop.returncode == 0, stop.stderr
 
 
 def test_a_published_port_held_by_another_process_is_named(project, ports):
@@ -268,9 +345,13 @@ def test_doctor_shows_what_up_found_and_checks_the_forwarders_endpoint(project, 
     from compose2sif.doctor import plan_lines
     tmp_path, _ = project
     (tmp_path / "out" / "state" / "run" / "web.truth").write_text("listens on all interfaces (0.0.0.0:8000), ...\n")
-    lines = plan_lines(str(tmp_path / "out"))
+    lines = plan_lines(str(tmp_path / "out"), fallback=True)
     assert ("warn", "service web at run time: listens on all interfaces (0.0.0.0:8000), ...") in lines
     assert ("ok", f"service web: published 0.0.0.0:{ports[0]} is free") in lines
+    # as written, a port published on all interfaces is checked on each of the node's addresses
+    lines = plan_lines(str(tmp_path / "out"))
+    assert ("ok", f"service web: published 127.0.0.1:{ports[0]} is free") in lines
+    assert not any("0.0.0.0" in text for _, text in lines if "at run time" not in text), lines
 
 
 def test_convert_writes_the_same_files_whatever_listens_on_this_machine(tmp_path):

@@ -5,6 +5,7 @@ refused with one line naming the clash and the x-compose2sif hint that fixes it.
 
 Their Dockerfiles are not stored: a build whose Dockerfile is missing gets a stand-in
 (`FROM debian:12 [AS target]`, written into a copy of the project), which says nothing about ports."""
+import re
 import shutil
 from pathlib import Path
 
@@ -148,50 +149,72 @@ WITH_LOOPBACK = {
 }
 
 
-# fastgpt: five Node servers on 3000 (Node's default), and fastgpt publishes 3000 on its own number,
-# which Docker serves on every address of the node: there, no other service can have 3000 on an
-# address of its own, so four must still be told another port (the refusal stays, with its fix).
+# fastgpt: five Node servers on 3000 (Node's default), and fastgpt publishes 3000 on its own number.
+# As written, each listens on its own address and a forwarder serves the published 3000 on the node's
+# addresses; the plan-time knobs' fallback serves it on the node's wildcard, where no other service
+# can have 3000 on an address of its own, so there the project is refused (with its fix).
 STILL_REFUSED = {"fastgpt"}
 
 
-def test_the_projects_the_knobs_cannot_fix_are_those_the_loopback_runs_but_one():
+def test_the_projects_the_knobs_cannot_fix_are_those_the_loopback_runs():
     from test_refusal_fixes import TABLE
     refused = {name for name, kinds in TABLE.items() if kinds != "clean"}
     assert refused - STILL_REFUSED == set(WITH_LOOPBACK) and STILL_REFUSED <= refused
 
 
+@pytest.mark.parametrize("name", sorted(PROJECTS))
+def test_with_a_loopback_per_service_every_project_runs_as_written(name, tmp_path):
+    """convert with bin/c2s-loopback (the default): no refusal, nothing moved, nothing told. Every
+    service listens on its own address on the ports its files give it, so no two collide; every
+    published port has a forwarder, and no two forwarders share an address and port; every
+    reference to another service names a port that service listens on."""
+    plan = build_plan(_load(name, tmp_path), PlanOptions(port_base=30000, address_block="127.45.3", uid=1000,
+                                                         loopback=True))
+    own = {n: address for address, names in plan.hosts for n in names}
+    forwards = []
+    for s in plan.services:
+        assert not s.needs_loopback, s.name
+        for p in s.ports:
+            assert (p.address, p.host) == (own[s.name], p.container), f"{s.name}: {p.address}:{p.host}"
+            if p.published:
+                assert p.forward, f"{s.name}: published {p.container} without a forwarder"
+                at, number = p.forward.rsplit(":", 1)
+                assert int(number) >= 1024, f"{s.name}: a forwarder on privileged {p.forward}"
+                forwards.append(((at, int(number)), s.name))
+    for i, (a, sa) in enumerate(forwards):
+        for b, sb in forwards[i + 1:]:
+            assert not overlaps(a, b), f"{sa} and {sb} both publish {a}"
+    finder = References({s.name: s.names for s in plan.services})
+    listening = {(s.name, p.container) for s in plan.services for p in s.ports}
+    for client, text in plan_texts(plan):
+        for server, port in finder.references(text):
+            assert (server, port) in listening, f"{client} names {server}:{port}, where {server} does not listen"
+
+
 @pytest.mark.parametrize("name", sorted(STILL_REFUSED))
-def test_a_port_published_on_its_own_number_that_others_use_too_is_refused_with_the_loopback_too(name, tmp_path):
-    with pytest.raises(ComposeError, match=r"both listen on port 3000 .*; fix: "):
-        build_plan(_load(name, tmp_path), PlanOptions(port_base=30000, address_block="127.45.3",
-                                                      uid=1000, loopback=True))
+def test_a_port_published_on_its_own_number_that_others_use_too_is_refused_by_the_fallback(name, tmp_path):
+    plan = build_plan(_load(name, tmp_path), PlanOptions(port_base=30000, address_block="127.45.3",
+                                                         uid=1000, loopback=True))
+    assert plan.fallback is None and re.search(r"both listen on port 3000 .*; fix: ", plan.fallback_refusal)
+    assert any(w.startswith("where a node cannot give each service a loopback of its own, `up` refuses this "
+                            "project: ") for w in plan.warnings)
 
 
 @pytest.mark.parametrize("name", sorted(WITH_LOOPBACK))
-def test_a_project_the_knobs_cannot_fix_plans_clean_with_a_loopback_per_service(name, tmp_path):
-    """convert with bin/c2s-loopback in the output: no refusal; each service whose port cannot move
-    carries the one line `up` prints where it would run untraced (plan.json's needs_loopback, with
-    the fix for such nodes), and at run time, each service on its own address (a port published
-    on its own number as written), no two endpoints collide and every reference hits one."""
+def test_a_project_the_knobs_cannot_fix_is_refused_by_the_fallback_service_by_service(name, tmp_path):
+    """The fallback of a project the knobs cannot fix: each service whose port cannot move carries the
+    one line `up` prints where it would run untraced (fallback/plan.json's needs_loopback, with the
+    fix for such nodes), and convert names them in one line."""
     project = _load(name, tmp_path)
     options = dict(port_base=30000, address_block="127.45.3", uid=1000)
     with pytest.raises(ComposeError):
         build_plan(project, PlanOptions(**options))
     plan = build_plan(project, PlanOptions(**options, loopback=True))
-    refused = {s.name: s.needs_loopback for s in plan.services if s.needs_loopback}
+    refused = {s.name: s.needs_loopback for s in plan.fallback.services if s.needs_loopback}
     assert refused, "nothing would be refused without the tracer"
     for line in refused.values():
         assert "\n" not in line and "; fix: " in line and ("both listen on port" in line or "cannot move it" in line)
-        assert any(w.startswith(line) and "with the plan-time knobs only, `up` refuses it" in w for w in plan.warnings)
-    own = {name: address for address, names in plan.hosts for name in names}
-    endpoints = [(s.name, p, p.address if p.published and not p.forward else own[s.name])
-                 for s in plan.services for p in s.ports]
-    for i, (a, pa, at_a) in enumerate(endpoints):
-        for b, pb, at_b in endpoints[i + 1:]:
-            if a != b:
-                assert not overlaps((at_a, pa.host), (at_b, pb.host)), f"{a} {at_a}:{pa.host} collides with {b}"
-    finder = References({s.name: s.names for s in plan.services})
-    listening = {(s.name, p.host) for s in plan.services for p in s.ports}
-    for client, text in plan_texts(plan):
-        for server, port in finder.references(text):
-            assert (server, port) in listening, f"{client} names {server}:{port}, where {server} does not listen"
+        assert any(w.startswith(line) and "with the plan-time knobs only, `up` refuses it" in w
+                   for w in plan.fallback.warnings)
+    summary = next(w for w in plan.warnings if w.startswith("where a node cannot give each service a loopback"))
+    assert "refused there: " + ", ".join(refused) in summary

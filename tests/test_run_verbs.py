@@ -88,6 +88,21 @@ def calls(tmp_path):
     return [c.split("\0")[:-1] for c in record.read_text().split("\036") if c] if record.exists() else []
 
 
+@contextlib.contextmanager
+def standin_init():
+    """A STAND-IN instance: an "init" whose child is its start script; its pid, killed (with the child) after."""
+    init = subprocess.Popen(["bash", "-c", "sleep 60 & wait"], start_new_session=True)
+    try:
+        for _ in range(100):
+            if Path(f"/proc/{init.pid}/task/{init.pid}/children").read_text().strip():
+                break
+            time.sleep(0.02)
+        yield init.pid
+    finally:
+        os.killpg(init.pid, signal.SIGKILL)  # its child too, not left to sleep on
+        init.wait()
+
+
 def listing(tmp_path, **entries):
     (tmp_path / "listing.json").write_text(json.dumps({"instances": [{"instance": k, **v} for k, v in entries.items()]}))
 
@@ -243,22 +258,13 @@ def test_exec_runs_the_command_in_the_instance_with_the_services_env(project):
     env_file, workdir = service(project, "db", "S_ENV", "S_WORKDIR")
     proc = run_verb(project, "exec", "cmd_exec", "db", "echo", "hi")
     assert proc.returncode == 1 and "db is not running" in proc.stderr
-    # a STAND-IN instance: an "init" whose child is its start script
-    init = subprocess.Popen(["bash", "-c", "sleep 60 & wait"], start_new_session=True)
-    try:
-        for _ in range(100):
-            if Path(f"/proc/{init.pid}/task/{init.pid}/children").read_text().strip():
-                break
-            time.sleep(0.02)
-        listing(project, **{"v-db": {"pid": init.pid}})
+    with standin_init() as init:
+        listing(project, **{"v-db": {"pid": init}})
         proc = run_verb(project, "exec", "cmd_exec", "db", "echo", "hi")
         assert proc.returncode == 0, proc.stderr
         pwd = ["--pwd", workdir] if workdir else []
         assert calls(project)[-1] == ["exec", "--cleanenv", "--no-eval", "--env-file", env_file, *pwd,
                                       "instance://v-db", "echo", "hi"]
-    finally:
-        os.killpg(init.pid, signal.SIGKILL)  # its child too, not left to sleep on
-        init.wait()
 
 
 def test_build_builds_into_the_cache_under_the_definitions_digest(project):

@@ -35,6 +35,7 @@ class Draft:
     ssrf_allow: List[str] = field(default_factory=list)         # --ssrf-allow: private destinations to allow
     model_servers: Dict[str, str] = field(default_factory=dict)  # services that serve models -> their family
     serves_https: bool = False        # set by the adapter when it put HTTPS on its ``tls_port``
+    docker_dns: bool = False          # Docker's DNS (127.0.0.11) answers the project's names: as written
     warnings: List[str] = field(default_factory=list)
 
 

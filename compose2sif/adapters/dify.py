@@ -86,7 +86,9 @@ def _browser_urls(draft: Draft) -> None:
     network = draft.refs.network
     if network is None:
         return
-    fronts = {str(e.container): e.host for service in sorted(network.endpoints)  # Docker: "80:80", "443:443"
+    # Docker: "80:80", "443:443"; a browser reaches the published port (a forwarder's, where one serves it)
+    fronts = {str(e.container): int(e.forward.rsplit(":", 1)[1]) if e.forward else e.host
+              for service in sorted(network.endpoints)
               for e in network.endpoints[service].values() if e.published and e.container in (80, 443)}
     ports = set()
     for key in BROWSER_URLS:

@@ -138,10 +138,12 @@ def rewrite_ports(text: str, draft: Draft) -> str:
 
 
 def _without_docker_resolver(text: str, draft: Draft) -> str:
-    """`resolver 127.0.0.11` is Docker's DNS, which does not exist here, and nginx resolves a variable
-    upstream (`set $u api:5001; proxy_pass http://$u;`) only through a resolver, never /etc/hosts.
-    Such upstreams become the planned address and port, which need no resolver."""
-    if "127.0.0.11" not in text:
+    """`resolver 127.0.0.11` is Docker's DNS, and nginx resolves a variable upstream (`set $u
+    api:5001; proxy_pass http://$u;`) only through a resolver, never /etc/hosts. Where each service
+    runs under its tracer (``draft.docker_dns``), the project's DNS server answers there (run/lib/dns.sh)
+    and the config stays as written. In the plan-time fallback nothing does: such upstreams become
+    the planned address and port, which need no resolver."""
+    if "127.0.0.11" not in text or draft.docker_dns:
         return text
     network = draft.refs.network
 

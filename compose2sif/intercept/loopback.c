@@ -1,7 +1,8 @@
 /* c2s-loopback: run a command with a per-service virtual loopback.
  *
- *   c2s-loopback --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--keep P]... [--record FILE]
+ *   c2s-loopback --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--dns ADDR:PORT] [--record FILE]
  *                [--peers DIR] -- COMMAND [ARG]...
+ *   c2s-loopback --serve-dns ADDR:PORT --hosts FILE   (the project's DNS server: loopback_dns.c)
  *   c2s-loopback --check [--addr 127.A.B.C]     (exit 0: works here; 1 and one line: why not)
  *   c2s-loopback --version
  *
@@ -17,8 +18,7 @@
  *   - a TCP connect to one of the node's own addresses (not 127/8) on a port nothing listens on
  *     there (nor on every address), where the service listens on its own address, goes there
  *     (a program connecting to "its" address, as found in a container, finds itself);
- *   - binds and connects of the service itself on a --keep port (one published on its own number,
- *     which the node's clients reach on every address, as Docker publishes it) are left as written;
+ *   - a connect/sendto to 127.0.0.11:53 (Docker's DNS) goes to --dns, the project's DNS server;
  *   - everything else is untouched.
  * Each distinct relocation is appended once to --record, one line: KIND PROTO FROM TO. A tracer
  * started beside the service's entry (a healthcheck, an exec) with the same --record finds the
@@ -141,8 +141,9 @@ static int kernel_before(int major, int minor)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: " NAME " --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--keep P]... [--record FILE]"
-                    " [--peers DIR] -- COMMAND [ARG]...\n       " NAME " --check [--addr 127.A.B.C]\n");
+    fprintf(stderr, "usage: " NAME " --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--dns ADDR:PORT] [--record FILE]"
+                    " [--peers DIR] -- COMMAND [ARG]...\n       " NAME " --check [--addr 127.A.B.C]\n       "
+                    NAME " --serve-dns ADDR:PORT --hosts FILE\n");
     exit(EXIT_SETUP);
 }
 
@@ -159,7 +160,7 @@ static int parse_port(const char *text, uint16_t *port)
 int main(int argc, char **argv)
 {
     int check = 0, i;
-    const char *addr_text = getenv("C2S_LOOPBACK_ADDR");
+    const char *addr_text = getenv("C2S_LOOPBACK_ADDR"), *serve_listen = NULL, *hosts_file = NULL;
     for (i = 1; i < argc; i++) {
         const char *arg = argv[i];
         const char *value = i + 1 < argc ? argv[i + 1] : NULL;
@@ -193,13 +194,19 @@ int main(int argc, char **argv)
                 return EXIT_SETUP;
             }
             privileged_to[from] = to;
-        } else if (!strcmp(arg, "--keep")) {
-            uint16_t port;
-            if (!parse_port(value, &port)) {
-                fprintf(stderr, NAME ": --keep wants a PORT, got %s\n", value);
+        } else if (!strcmp(arg, "--dns")) {
+            const char *colon = strrchr(value, ':');
+            char host[INET_ADDRSTRLEN] = "";
+            if (colon && (size_t)(colon - value) < sizeof host)
+                memcpy(host, value, (size_t)(colon - value));
+            if (!colon || inet_pton(AF_INET, host, &dns_addr) != 1 || !parse_port(colon + 1, &dns_port)) {
+                fprintf(stderr, NAME ": --dns wants ADDR:PORT, got %s\n", value);
                 return EXIT_SETUP;
             }
-            kept[port] = 1;
+        } else if (!strcmp(arg, "--serve-dns")) {
+            serve_listen = value;
+        } else if (!strcmp(arg, "--hosts")) {
+            hosts_file = value;
         } else if (!strcmp(arg, "--record")) {
             record_path = value;
         } else if (!strcmp(arg, "--peers")) {
@@ -207,6 +214,11 @@ int main(int argc, char **argv)
         } else {
             usage();
         }
+    }
+    if (serve_listen) {
+        if (!hosts_file || i < argc)
+            usage();
+        return serve_dns(serve_listen, hosts_file);
     }
     if (check && !addr_text)
         addr_text = "127.0.0.2";

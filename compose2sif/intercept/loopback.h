@@ -33,7 +33,8 @@ extern struct in_addr own_addr;          /* the service's own address, 127.A.B.C
 extern uint16_t privileged_to[1024];     /* privileged port -> relocated port (0: not yet) */
 extern int privileged_from_block[1024];  /* the relocation came from --block (may be retried) */
 extern uint16_t block_lo, block_hi, block_next;
-extern unsigned char kept[65536];        /* --keep: ports left as the program writes them */
+extern struct in_addr dns_addr;          /* --dns: where a query to Docker's DNS (127.0.0.11:53) goes */
+extern uint16_t dns_port;                /* 0: no --dns */
 extern int record_fd;                    /* --record, open for appending; -1: none */
 extern const char *record_path;
 extern const char *peers_dir;
@@ -60,6 +61,9 @@ void read_ephemeral_range(void);
 /* The port privileged port P goes to, allocating from --block on first use; 0 when none is left. */
 uint16_t relocate_privileged(uint16_t port);
 /* Appends a relocation to --record, once: "KIND PROTO FROM TO". */
+/* loopback_dns.c: --serve-dns, the project's DNS server */
+int serve_dns(const char *listen, const char *hosts_file);
+
 void record(const char *kind, pid_t tid, long fd, const union sockaddr_any *from, const union sockaddr_any *to);
 
 /* ---- the tracees (loopback_ptrace.c) --------------------------------------------------------- */

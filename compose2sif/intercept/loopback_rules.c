@@ -1,5 +1,5 @@
 /* c2s-loopback's rules: where a bind, connect or sendto address goes (the service's own address,
- * a privileged port's relocation by --map or --block, --keep, the relocations other tracers
+ * a privileged port's relocation by --map or --block, Docker's DNS by --dns, the relocations other tracers
  * recorded), and the record of the relocations made. No ptrace here: loopback_ptrace.c reads the
  * sockaddr out of the tracee and writes the rewritten one back. */
 #include "loopback.h"
@@ -22,7 +22,8 @@ struct in_addr own_addr;
 uint16_t privileged_to[1024];
 int privileged_from_block[1024];
 uint16_t block_lo, block_hi, block_next;
-unsigned char kept[65536];
+struct in_addr dns_addr;
+uint16_t dns_port;
 int record_fd = -1;
 const char *record_path;
 const char *peers_dir;
@@ -350,9 +351,10 @@ int relocate(union sockaddr_any *a, int is_bind, pid_t tid, long fd)
     uint16_t new_port = port;
     int self = is_v4(v4, "127.0.0.1") || is_v4(v4, "0.0.0.0") || v4.s_addr == own_addr.s_addr ||
                (!is_bind && own_behind_node_address(tid, fd, v4, port));
-    if (self && kept[port])
-        return 0;
-    if (self) {
+    if (!is_bind && dns_port && port == 53 && is_v4(v4, "127.0.0.11")) {  /* Docker's DNS: the project's */
+        new_addr = dns_addr;
+        new_port = dns_port;
+    } else if (self) {
         new_addr = own_addr;
         if (port && port < 1024) {
             uint16_t to = is_bind ? relocate_privileged(port) : privileged_to[port] ? privileged_to[port]

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from compose2sif import adapters as image_adapters
 from compose2sif.adapters import Adapter, Draft
+from compose2sif.errors import ComposeError
 from compose2sif.load import Project
 from compose2sif.model import Service, scaled_to_zero, services as typed_services
 from compose2sif.plan import knobs, secrets
@@ -22,11 +23,11 @@ from compose2sif.plan.generated import Replacer
 from compose2sif.plan.images import ImageSource, build_args, plan_images
 from compose2sif.plan.knobs import RUNSCRIPT, Found
 from compose2sif.plan.network import (References, ServiceNet, default_address_block, default_port_base, host_port_pairs,
-                                      plan_network)
+                                      plan_as_written, plan_network)
 from compose2sif.plan.pre_start import plan_pre_start
 from compose2sif.plan.types import ImagePlan, Plan, PortPlan, ServicePlan
 from compose2sif.support import unsupported_warnings
-from compose2sif.types import NetworkPlan
+from compose2sif.types import WILDCARDS, NetworkPlan
 
 _HOST_KEYS = ("_HOST", "_HOSTNAME", "_ADDR", "_SERVER")
 _VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # what an --env-file can carry
@@ -64,16 +65,78 @@ class Discovery:
 
 
 def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
+    """The plan `up` runs. With bin/c2s-loopback in the output (options.loopback): the project as
+    written (plan_as_written), and in ``plan.fallback`` the plan-time knobs' plan for a node where
+    services cannot get a loopback of their own (or, where even that is refused, the line `up`
+    prints there: ``plan.fallback_refusal``). Without it: the knobs' plan alone."""
     options = options or PlanOptions()
     found = discover(project, options)
-    network = place(project, found, options)
+    if not options.loopback:
+        return _plan(project, found, options, as_written=False)
+    plan = _plan(project, replace(found), options, as_written=True)
+    try:
+        plan.fallback = _as_fallback(plan, _plan(project, found, options, as_written=False))
+    except ComposeError as exc:
+        plan.fallback_refusal = str(exc)
+        plan.warnings.append(f"where a node cannot give each service a loopback of its own, `up` refuses this "
+                             f"project: {plan.fallback_refusal}")
+        return plan
+    moved = sorted(f"{s.name}:{p.container}->{p.host}" for s in plan.fallback.services for p in s.ports
+                   if p.host != p.container)
+    refused = [s.name for s in plan.fallback.services if s.needs_loopback]
+    everywhere = sorted(f"{s.name} ({p.address}:{p.host})" for s in plan.fallback.services for p in s.ports
+                        if p.address in WILDCARDS and not p.published)
+    said = [f"ports moved {', '.join(moved)}"] if moved else []
+    said += [f"refused there: {', '.join(refused)}"] if refused else []
+    said += [f"listening on all interfaces there: {', '.join(everywhere)}"] if everywhere else []
+    if said:
+        plan.warnings.append("where a node cannot give each service a loopback of its own, `up` falls back to the "
+                             "plan-time knobs (fallback/plan.json): " + "; ".join(said))
+    return plan
+
+
+def _plan(project: Project, found: Discovery, options: PlanOptions, as_written: bool) -> Plan:
+    network = place(project, found, options, as_written)
     refs = References(found.names, network)
-    _rebuild_with_moved_ports(project, found, refs, options)
+    if not as_written:
+        _rebuild_with_moved_ports(project, found, refs, options)
     configs: Dict[str, str] = {}
-    drafts = {name: draft(name, project, found, network, refs, configs, options) for name in found.services}
+    drafts = {name: draft(name, project, found, network, refs, configs, options, as_written)
+              for name in found.services}
     plan = assemble(project, found, network, drafts, configs, options)
     plan_pre_start(plan, found.services, found.images, refs, options.secrets)
     return plan
+
+
+FALLBACK = "fallback/"  # where the fallback's own files go in the output directory
+
+
+def _as_fallback(primary: Plan, fallback: Plan) -> Plan:
+    """The knobs' plan as the fallback of ``primary``: its env files, and the rendered configs that
+    differ (a moved port, a told address), under fallback/; the SIFs
+    the primary's (one build serves both); a service whose image would need another build (a
+    build argument naming a port that moves) is refused there, in one line."""
+    differ = [path for path, text in fallback.configs.items() if primary.configs.get(path) != text]
+    sources = {b.source for s in fallback.services for b in s.binds
+               if any(path == b.source or path.startswith(b.source + "/") for path in differ)}
+    for service in fallback.services:
+        service.env_file = FALLBACK + service.env_file
+        for step in service.pre_start:
+            step.env_file = FALLBACK + step.env_file
+        for bind in service.binds:
+            bind.source = FALLBACK + bind.source if bind.source in sources else bind.source
+        ours, theirs = primary.images[primary.service(service.name).image], fallback.images.get(service.image)
+        if theirs is None or theirs.digest != ours.digest:
+            service.needs_loopback = service.needs_loopback or (
+                f"service {service.name!r}: its image's build arguments name a port of another service that the "
+                "plan-time knobs move, so it would need another build; fix: give that service's port another "
+                "number in the compose file")
+        service.image = primary.service(service.name).image
+    # the rendered files that differ, with every file beside them that a bind carries (the others: the primary's)
+    fallback.configs = {FALLBACK + path: text for path, text in fallback.configs.items()
+                        if any(path == source or path.startswith(source + "/") for source in sources)}
+    fallback.images = primary.images
+    return fallback
 
 
 # ---- discover ----------------------------------------------------------------------------------
@@ -91,7 +154,9 @@ def discover(project: Project, options: PlanOptions) -> Discovery:
     presets = options.presets if options.presets is not None else \
         image_adapters.presets_for(s.image for s in services.values())
     adapters = {name: image_adapters.adapter_for(s.image, presets, s) for name, s in services.items()}
-    names = {name: list(dict.fromkeys(n for n in [name, s.container_name, s.hostname, *s.aliases] if n))
+    # a replica answers to its service's name (with the others: all of them resolve) and its container's
+    names = {name: list(dict.fromkeys(n for n in ([s.replica_of, _instance_name(project.name, s)] if s.replica_of
+                                                  else [name, s.container_name]) + [s.hostname, *s.aliases] if n))
              for name, s in services.items()}
     launches = {name: _launch(s) for name, s in services.items()}
     runs = {name: launches[name] or _built_launch(_image_cmd(s, images[image_of[name]], options))
@@ -147,20 +212,38 @@ def _evidence(services: Dict[str, Service], adapters: Dict[str, Optional[Adapter
         if service.healthcheck is not None:
             knobs.from_healthcheck(list(service.healthcheck.test), found[name])
     finder = References(names)
+    replicas = {name: [n for n, s in services.items() if s.replica_of and s.replica_of == service.replica_of]
+                for name, service in services.items() if service.replica_of}
+
+
+    def each_replica(name: str) -> _Many:  # what a client says of one replica of a service, it says of each
+        return _Many([found[n] for n in replicas.get(name, [name])])
+
     for name, service in services.items():  # what clients say: `db:5432`, `http://web/`, DB_HOST + DB_PORT
         pairs = [(host, port) for _, host, port in host_port_pairs(service.environment)]
         texts = [text for _, text in texts_of(service)]
         local = set().union(*(image_adapters.names_not_hosts(text) for text in texts))
         for server, port in [r for text in texts for r in finder.references(text, local)] + \
                 [(finder.service_of[h], p) for h, p in pairs if h in finder.service_of]:
-            found[server].saw(port, "own settings" if server == name else f"referenced by {name}")
+            each_replica(server).saw(port, "own settings" if server == name else f"referenced by {name}")
         for key, value in service.environment.items():  # CACHE_HOST=cache: a client on cache's default port
             server = finder.service_of.get(value or "") if key.endswith(_HOST_KEYS) else None
             if server is not None and server != name and adapters[server] is not None:
                 if not any(k.endswith("_PORT") and k[:-5] == key.rsplit("_", 1)[0] for k in service.environment):
                     for port in adapters[server].ports:
-                        found[server].saw(port, f"named by {name} ({key})")
+                        each_replica(server).saw(port, f"named by {name} ({key})")
     return found
+
+
+class _Many:
+    """Several services' findings as one: what is seen is seen by each."""
+
+    def __init__(self, each: List[Found]):
+        self.each = each
+
+    def saw(self, *args: Any) -> None:
+        for found in self.each:
+            found.saw(*args)
 
 
 _SETTINGS_FILE = 10  # services with this many settings alike got them from one file (an env_file, an anchor)
@@ -207,17 +290,20 @@ def _rebuild_with_moved_ports(project: Project, found: Discovery, refs: Referenc
 
 # ---- place -------------------------------------------------------------------------------------
 
-def place(project: Project, found: Discovery, options: PlanOptions) -> NetworkPlan:
+def place(project: Project, found: Discovery, options: PlanOptions, as_written: bool = False) -> NetworkPlan:
     block = options.address_block or default_address_block(project.name, options.uid)
     base = options.port_base if options.port_base is not None else default_port_base(project.name, options.uid)
+    if as_written:
+        return plan_as_written(list(found.nets.values()), block, base)
     return plan_network(list(found.nets.values()), block, base, loopback=options.loopback)
 
 
 # ---- draft -------------------------------------------------------------------------------------
 
 def draft(name: str, project: Project, found: Discovery, network: NetworkPlan, refs: References,
-          configs: Dict[str, str], options: PlanOptions) -> Draft:
-    """One service with the network's decisions applied, finished by its adapter."""
+          configs: Dict[str, str], options: PlanOptions, as_written: bool = False) -> Draft:
+    """One service with the network's decisions applied, finished by its adapter. ``as_written``:
+    nothing is told (no knob, no reference rewritten): its tracer gives it a loopback of its own."""
     service, adapter = found.services[name], found.adapters[name]
     config = options.image_configs.get(service.image or "")
     image_volumes = list(found.images[found.image_of[name]].volumes) + (list(config.volumes) if config else [])
@@ -230,15 +316,17 @@ def draft(name: str, project: Project, found: Discovery, network: NetworkPlan, r
                    environment={k: v for k, v in service.environment.items() if v is not None},
                    launch=found.launches[name], healthcheck=test, binds=binds, configs=configs, refs=refs,
                    tls=options.tls, ssrf_allow=list(options.ssrf_allow), model_servers=found.model_servers,
+                   docker_dns=as_written,
                    warnings=_unsupported_warnings(service) + bind_warnings)
-    knobs.tell(result, found.nets[name], adapter,
-               _built_launch(_image_cmd(service, found.images[found.image_of[name]], options)))
-    result.environment = {k: v for k, v in refs.rewrite_environment(result.environment, name).items()
-                          if v is not None}
-    if result.launch is not None:
-        result.launch = [refs.rewrite(a, name) for a in result.launch]
-    if result.healthcheck is not None:
-        result.healthcheck = [refs.rewrite(a, name, own_host=True) for a in result.healthcheck]
+    if not as_written:
+        knobs.tell(result, found.nets[name], adapter,
+                   _built_launch(_image_cmd(service, found.images[found.image_of[name]], options)))
+        result.environment = {k: v for k, v in refs.rewrite_environment(result.environment, name).items()
+                              if v is not None}
+        if result.launch is not None:
+            result.launch = [refs.rewrite(a, name) for a in result.launch]
+        if result.healthcheck is not None:
+            result.healthcheck = [refs.rewrite(a, name, own_host=True) for a in result.healthcheck]
     if options.secrets:
         replace = options.secrets
         result.environment = {k: replace(v, k) for k, v in result.environment.items()}
@@ -261,8 +349,6 @@ def _unsupported_warnings(service: Service) -> List[str]:
                         "loopback address on the node's network and reaches every other by name")
     if service.runtime not in (None, "nvidia"):
         warnings.append(f"service {service.name!r}: runtime {service.runtime!r} is ignored")
-    if (service.replicas or 1) > 1:
-        warnings.append(f"service {service.name!r}: deploy.replicas {service.replicas} becomes one instance")
     if service.limits:
         warnings.append(f"service {service.name!r}: deploy.resources.limits are not enforced (no cgroups); "
                         "the batch job's allocation is the limit")
@@ -334,7 +420,8 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
             writable_tmpfs=bool(knobs.hints(service).get("writable_tmpfs")),
             adapter=adapter.family if adapter else None, warnings=result.warnings,
             fakeroot=_fakeroot(service, adapter), probe_environment=probe_environment,
-            host_network=service.network_mode == "host", needs_loopback=network.needs_loopback.get(name, "")))
+            host_network=service.network_mode == "host", needs_loopback=network.needs_loopback.get(name, ""),
+            replica_of=service.replica_of))
         warnings.extend(result.warnings)
     if found.presets:
         warnings.append("preset " + ", ".join(sorted(found.presets)) + ": its adapters shape "
@@ -469,6 +556,10 @@ def _hosts(services: Dict[str, Service], names: Dict[str, List[str]], network: N
     for name in sorted(services):
         mine = []
         for alias in names[name]:
+            if alias in owner and services[owner[alias]].replica_of and \
+                    services[owner[alias]].replica_of == services[name].replica_of:
+                mine.append(alias)  # a replica's service name: each replica's address, as Docker's DNS has it
+                continue
             if alias in owner:
                 warnings.append(f"services {owner[alias]!r} and {name!r} share the name {alias!r}; it points at "
                                 f"{owner[alias]!r}")

@@ -1,5 +1,11 @@
 """The network plan: every service gets its own loopback address and keeps its ports.
 
+Two plans (docs/ports.md). ``plan_as_written``: where each service gets a loopback of its own at
+run time (bin/c2s-loopback), nothing is decided but the addresses and the forwarders of published
+ports; this is the plan `up` runs wherever the tracer works. ``plan_network``, the rest of this
+module: the plan-time fallback for nodes where it does not, which must guess, from static evidence,
+where each program listens and move what clashes through knobs.
+
 Rootless Apptainer instances share the node's network namespace, and every user of the node shares
 it too. All of 127.0.0.0/8 is loopback on Linux and an unprivileged user may bind any address in it,
 so each service listens on an address of its own in a /24 block that belongs to this user and
@@ -41,6 +47,12 @@ ADDRESS_BLOCKS = 254 * 256        # 127.1.0.0/24 .. 127.254.255.0/24
 IMAGE_EXPOSE, IMAGE_DEFAULT = "image EXPOSE", "image default"
 OPTIONAL_EVIDENCE = (IMAGE_EXPOSE, IMAGE_DEFAULT)  # an image may never open such a port: not checked at run time
 DECLARED = ("ports", "expose")  # what the compose file declares (Docker publishes a port nobody opens, too)
+
+
+def dns_port(port_base: int) -> int:
+    """The port of the project's DNS server (Docker's 127.0.0.11 under the tracer): the last of the
+    block's lower half, which moved published ports fill from the first."""
+    return port_base + PORT_BLOCK // 2 - 1
 
 
 def default_port_base(project: str, uid: Optional[int] = None) -> int:
@@ -340,6 +352,45 @@ def plan_network(services: List[ServiceNet], address_block: str, port_base: int,
                                     f" compose2sif cannot tell it an address, so other users of the node can reach "
                                     f"it{where} (add `x-compose2sif: {{bind_address: {{env: VAR}}}}`)")
     return NetworkPlan(address_block, port_base, own, address, endpoints, _dedupe(warnings), needs_loopback)
+
+
+def plan_as_written(services: List[ServiceNet], address_block: str, port_base: int) -> NetworkPlan:
+    """The plan where each service gets a loopback of its own at run time (bin/c2s-loopback): every
+    service listens on its own address, on the ports its compose file and image give it, and
+    nothing is told. Every published port is served by forwarders on the node's addresses, one by
+    one (run.sh finds them when `up` runs), never on the node's wildcard, so any number of services
+    keep port P on their own addresses beside a published P. Only a published port that cannot be
+    had moves, onto the block's lower half (the tracer puts privileged ports in its upper half):
+    a privileged one, or one that two services publish (Docker refuses that at run time), each
+    with a warning."""
+    if len(services) > 253:
+        raise ComposeError(f"{len(services)} services do not fit the address block {address_block}.0/24")
+    own = {s.name: f"{address_block}.{i + 2}" for i, s in enumerate(sorted(services, key=lambda s: s.name))}
+    endpoints: Dict[str, Dict[int, Endpoint]] = {s.name: {} for s in services}
+    warnings: List[str] = []
+    published_at: List[Tuple[Tuple[str, int], str]] = []   # ((address, port), service)
+    next_port = port_base
+    for s in sorted(services, key=lambda s: s.name):
+        for port, listen in sorted(s.listens.items()):
+            endpoint = Endpoint(port, port, own[s.name], listen.published is not None, listen.knob,
+                                list(listen.evidence), required=any(proves_listener(e) for e in listen.evidence))
+            endpoints[s.name][port] = endpoint
+            if listen.published is None:
+                continue
+            at = listen.host_ip or WILDCARD
+            number = int(listen.published) if listen.published.isdigit() else port  # "": its own number
+            other = next((name for point, name in published_at if overlaps(point, (at, number))), None)
+            if number < 1024 or other is not None:
+                while any(overlaps(point, (at, next_port)) for point, _ in published_at) or next_port == dns_port(port_base):
+                    next_port += 1
+                reason = f"{number} is privileged" if number < 1024 else f"{number} is also published by service {other!r}"
+                warnings.append(f"service {s.name!r}: published port {reason}; it is published on {at}:{next_port} "
+                                f"instead (forwarded to its port {port})")
+                number = next_port
+                next_port += 1
+            published_at.append(((at, number), s.name))
+            endpoint.forward = f"{at}:{number}"
+    return NetworkPlan(address_block, port_base, own, dict(own), endpoints, warnings, {})
 
 
 def _dedupe(items: List[str]) -> List[str]:

@@ -64,6 +64,7 @@ class ServicePlan:
     pre_start: List[PreStartPlan] = field(default_factory=list)      # run in order before its first start
     host_network: bool = False        # network_mode: host: the node's network as it is (never relocated)
     needs_loopback: str = ""          # why `up` refuses it where services cannot get a loopback of their own
+    replica_of: Optional[str] = None  # one of the replicas NAME-1..NAME-N of this service (deploy.replicas)
 
 
 @dataclass
@@ -93,13 +94,26 @@ class Plan:
     tls: Optional[Dict[str, Any]] = None  # {"cert", "key": paths in the output dir, "source": given files or None}
     entry_points: List[Dict[str, Any]] = field(default_factory=list)  # published web endpoints `up` prints
     generated_secrets: Dict[str, str] = field(default_factory=dict)   # variable -> value, for secrets.env
+    # where services cannot get a loopback of their own: the plan-time knobs' plan (files under
+    # fallback/), or the one line `up` refuses with there; neither where the output has no tracer
+    fallback: Optional["Plan"] = None
+    fallback_refusal: str = ""
 
     def service(self, name: str) -> ServicePlan:
         return next(s for s in self.services if s.name == name)
 
     def to_json(self) -> Dict[str, Any]:
         """plan.json: every decision, no secret (environments by name only)."""
+        fallback = self.fallback
+        self.fallback = None
         data = asdict(self)
+        self.fallback = fallback
+        data.pop("fallback")
+        if fallback is not None or self.fallback_refusal:
+            data["isolation"] = "as written, each service on a loopback of its own (bin/ARCH/c2s-loopback)"
+            data["fallback"] = "fallback/plan.json" if fallback is not None else None
+        else:
+            data.pop("fallback_refusal")
         data.pop("configs")
         data.pop("generated_secrets")
         data["configs"] = sorted(self.configs)

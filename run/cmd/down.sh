@@ -27,7 +27,8 @@ cmd_down() {
             starters=()
         fi
     done
-    wait_ended "${starters[@]}"
+    stop_dns  # the project's DNS server (run/lib/dns.sh), once every service has gone
+    wait_ended "${starters[@]}" "${DNS_ENDED[@]}"
     [ ${#starters[@]} -gt 0 ] && "$RT" instance list >/dev/null 2>&1  # it deletes the records of the instances killed
     remove_files "${statuses[@]}"
     # what the services wrote into their images (every overlay is one of this project's services)

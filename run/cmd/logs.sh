@@ -11,6 +11,17 @@ cmd_logs() {
     done
     [ -n "$name" ] || die "logs: name a service"
     detect_runtime --images-only  # (the runtime's listing is all it asks)
+    if [ -n "${REPLICAS[$name]:-}" ]; then  # each replica's lines, prefixed with its name, as Compose does
+        local replica pids=() flag=()
+        [ "$follow" = 1 ] && flag=(-f)
+        expand_replicas "$name"
+        for replica in "${EXPANDED[@]}"; do
+            (cmd_logs "${flag[@]}" "$replica" | sed -u "s/^/$replica | /") &
+            pids+=($!)
+        done
+        wait "${pids[@]}"
+        return 0
+    fi
     load_service "$name"
     # a service that has not started since `up` has no output of this run: the runtime's log files
     # then hold an earlier run's (it keeps them after `down`)

@@ -52,6 +52,13 @@ cmd_ps() {
         printf '%-*s  %-*s  %-*s  %-*s  %-*s  %s\n' "${w[0]}" "${rows[i]}" "${w[1]}" "${rows[i + 1]}" \
             "${w[2]}" "${rows[i + 2]}" "${w[3]}" "${rows[i + 3]}" "${w[4]}" "${rows[i + 4]}" "${rows[i + 5]}"
     done
+    if [ -s "$RUNDIR/isolation" ]; then  # which plan `up` ran: as written, or the fallback's knobs
+        if [ "$ISOLATION" = intercept ]; then
+            echo "PORTS as written, each service on a loopback of its own ($ISOLATION_WHY)"
+        else
+            echo "PORTS the plan-time knobs'${FALLBACK_REFUSAL+ (fallback/plan.json)} ($ISOLATION_WHY)"
+        fi
+    fi
     tell_truth WARN "${SERVICES[@]}"  # what they listen on where the plan says otherwise
     relocation_lines "${running[@]}" | sed 's/^/RELOCATED service /'  # what the tracer moved (run/lib/isolation.sh)
     return 0

@@ -8,11 +8,12 @@ cmd_pull() {
     if [ $# -eq 0 ]; then
         keys=("${PULLED[@]}")
     fi
-    for name in "$@"; do
+    expand_replicas "$@"
+    for name in "${EXPANDED[@]}"; do
         load_service "$name"
         key=${S_SIF##*/} key=${key%.sif}
         if [[ " ${PULLED[*]} " == *" $key "* ]]; then
-            keys+=("$key")
+            [[ " ${keys[*]} " == *" $key "* ]] || keys+=("$key")
         else
             note "pull: $name is built, not pulled (build --pull refreshes the base image of a build)"
         fi

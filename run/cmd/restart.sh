@@ -4,7 +4,8 @@
 # since the last `down` (those with a status), in start order. One that fails to start does not
 # keep the next from its restart.
 cmd_restart() {
-    local name names=("$@") failed=0
+    local name names=() failed=0
+    expand_replicas "$@" && names=("${EXPANDED[@]}")  # a service of N replicas: each of them
     for name in "${names[@]}"; do load_service "$name"; done
     take_project_lock restart
     detect_runtime

@@ -10,6 +10,7 @@ cmd_up() {
         esac
         shift
     done
+    expand_replicas "${names[@]}" && names=("${EXPANDED[@]}")  # a service of N replicas: each of them
     for name in "${names[@]}"; do load_service "$name"; done  # unknown names end here, with a message
     [ ${#SERVICES[@]} -gt 0 ] || die "no service selected"  # Docker Compose's words: all are behind profiles
     take_project_lock up
@@ -22,6 +23,7 @@ cmd_up() {
     mapfile -t names < <(closure "${names[@]}")
     refuse_untraceable "${names[@]}" || { echo "run.sh: up: nothing was started" >&2; return 1; }
     tell_forwarders "${names[@]}"  # how published ports are served on this node, or who will fail
+    start_dns  # Docker's 127.0.0.11, in intercept mode (run/lib/dns.sh)
     for name in "${names[@]}"; do
         remove_files "$RUNDIR/$name.status" "$RUNDIR/$name.timeline" "$RUNDIR/$name.progress" "$RUNDIR/$name.truth"
         probe_fakeroot "$name"
@@ -125,10 +127,11 @@ on_stop_signal() {
 # Where a person goes next: the web front's URL on this node, and the SSH tunnel from a laptop
 # through the login node (compute nodes are rarely reachable directly).
 print_entry_points() {
-    local entry service scheme address port path node target
-    [ ${#ENTRY_POINTS[@]} -gt 0 ] || return 0  # (no hostname to ask, which may be a DNS lookup)
+    local entry service scheme address port path node target entries=("${ENTRY_POINTS[@]}")
+    [ "$ISOLATION" != intercept ] && [ -n "${FALLBACK_ENTRY_POINTS+set}" ] && entries=("${FALLBACK_ENTRY_POINTS[@]}")
+    [ ${#entries[@]} -gt 0 ] || return 0  # (no hostname to ask, which may be a DNS lookup)
     node=$(hostname -f 2>/dev/null || hostname)
-    for entry in "${ENTRY_POINTS[@]}"; do
+    for entry in "${entries[@]}"; do
         read -r service scheme address port path <<<"$entry"
         case "$address" in
             0.0.0.0) target=localhost; note "$service: $scheme://$node:$port$path" ;;

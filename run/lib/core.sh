@@ -126,3 +126,19 @@ nap() {
         sleep "$1"
     fi
 }
+
+# The services named by $@, a service of N replicas (deploy.replicas) as its NAME-1..NAME-N (the
+# header's REPLICAS), in EXPANDED.
+EXPANDED=()
+expand_replicas() {
+    local name more=()
+    EXPANDED=()
+    for name in "$@"; do
+        if [ -n "${REPLICAS[$name]:-}" ]; then
+            read -r -a more <<<"${REPLICAS[$name]}"
+            EXPANDED+=("${more[@]}")
+        else
+            EXPANDED+=("$name")
+        fi
+    done
+}

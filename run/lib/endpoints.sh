@@ -1,7 +1,8 @@
 # ---- run/lib/endpoints.sh: ADDR:PORT a service listens on, and who holds one ---------------------
 
 # awk functions that decode /proc/net/tcp{,6}, which hold addresses as 32-bit words in the host's
-# byte order (little-endian here): address(HEX) is "a.b.c.d", "::" or "v6:HEX"; hex(S) a number.
+# byte order (little-endian here): address(HEX) is "a.b.c.d", "::", "::1" or an IPv6 address in
+# full (eight groups of four hex digits, as node_addresses writes them); hex(S) a number.
 TCP_AWK='
     function hex(s,    i, v) { v = 0; for (i = 1; i <= length(s); i++) v = v * 16 + index("0123456789ABCDEF", substr(s, i, 1)) - 1; return v }
     function v4(s) { return hex(substr(s, 7, 2)) "." hex(substr(s, 5, 2)) "." hex(substr(s, 3, 2)) "." hex(substr(s, 1, 2)) }
@@ -9,7 +10,17 @@ TCP_AWK='
         if (length(s) == 8) return v4(s)
         if (s == "00000000000000000000000000000000") return "::"
         if (substr(s, 1, 16) == "0000000000000000" && substr(s, 17, 8) == "FFFF0000") return v4(substr(s, 25, 8))
-        return "v6:" s
+        if (s == "00000000000000000000000001000000") return "::1"
+        return v6(s)
+    }
+    function v6(s,    w, out, word) {  # the full form node_addresses writes: eight groups of four, lower case
+        out = ""
+        for (w = 0; w < 4; w++) {
+            word = substr(s, 8 * w + 1, 8)
+            word = substr(word, 7, 2) substr(word, 5, 2) substr(word, 3, 2) substr(word, 1, 2)
+            out = out (w ? ":" : "") tolower(substr(word, 1, 4)) ":" tolower(substr(word, 5, 4))
+        }
+        return out
     }'
 
 # The TCP sockets that LISTEN on the endpoints given as arguments: one line "ENDPOINT UID INODE"
@@ -25,9 +36,43 @@ endpoint_listeners() {
             split($2, parts, ":"); a = address(parts[1]); p = hex(parts[2])
             for (i = 1; i <= n; i++) {
                 ep = want[i]; k = match(ep, /:[0-9]+$/); wa = substr(ep, 1, k - 1); wp = substr(ep, k + 1) + 0
+                if (substr(wa, 1, 1) == "[") wa = substr(wa, 2, length(wa) - 2)
                 if (wp == p && !(ep in seen) && (wa == a || wild(wa) || wild(a))) { seen[ep] = 1; print ep, $8, $10 }
             }
         }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+# The node's addresses, where a port published on all interfaces is served one by one (never on
+# the wildcard, which would take every other service's port P too), in NODE_ADDRESSES: 127.0.0.1,
+# ::1 where the node has IPv6, and each address of its interfaces as the kernel has them now: IPv4
+# from the local routes (/proc/net/fib_trie), IPv6 the global ones (/proc/net/if_inet6; a
+# link-local one needs its interface named, which an endpoint cannot carry). IPv6 ones in brackets.
+NODE_ADDRESSES=()
+node_addresses() {
+    [ ${#NODE_ADDRESSES[@]} -gt 0 ] && return 0
+    local line previous="" hex scope full i
+    declare -A seen=()
+    NODE_ADDRESSES=(127.0.0.1)
+    while read -r line; do
+        case "$line" in
+            "|-- "*) previous=${line#|-- } ;;
+            "/32 host LOCAL")
+                [[ $previous == 127.* || -n ${seen[$previous]:-} ]] && continue
+                seen[$previous]=1
+                NODE_ADDRESSES+=("$previous")
+                ;;
+        esac
+    done 2>/dev/null </proc/net/fib_trie
+    while read -r hex _ _ scope _; do
+        if [ "$hex" = 00000000000000000000000000000001 ]; then
+            NODE_ADDRESSES+=("[::1]")
+        elif [ "$scope" = 00 ] && [ ${#hex} = 32 ]; then
+            full=""
+            for ((i = 0; i < 32; i += 4)); do full+=${full:+:}${hex:i:4}; done
+            NODE_ADDRESSES+=("[${full,,}]")
+        fi
+    done 2>/dev/null </proc/net/if_inet6
+    return 0
 }
 
 # The required endpoints of this service (the others may never be opened), in REQUIRED.
@@ -194,7 +239,7 @@ wildcard_listeners_of_others() {
 # ---- run-time truth: what a service really listens on, against the plan ----------------------
 
 # The TCP endpoints that the loaded service's processes (its instance's init IPID and every
-# descendant) listen on, in LISTENING ("ADDR:PORT", IPv6 other than :: as "v6:HEX:PORT"): their
+# descendant) listen on, in LISTENING ("ADDR:PORT", IPv6 other than :: and ::1 in full): their
 # socket descriptors (/proc/PID/fd) matched with /proc/net/tcp{,6}.
 LISTENING=()
 service_listeners() {

@@ -29,6 +29,10 @@ traced_service() {
 # would run untraced: one line each, and 1.
 refuse_untraceable() {
     local name refused=0
+    if [ "$ISOLATION" != intercept ] && [ -n "${FALLBACK_REFUSAL:-}" ]; then
+        printf 'run.sh: up: %s (port isolation: %s)\n' "$FALLBACK_REFUSAL" "$ISOLATION_WHY" >&2
+        return 1
+    fi
     for name in "$@"; do
         load_service "$name"
         [ -f "$S_SIF" ] || continue  # not built: nothing could be checked, and start_service says so
@@ -90,6 +94,7 @@ choose_isolation() {
         fi
         if [ -n "$sif" ] || [ ! -x "$LOOPBACK" ]; then keep_isolation "$mode" "$requested" "$why"; else ISOLATION=plan ISOLATION_WHY=$why; fi
     fi
+    write_hosts  # (the names of the mode chosen)
     if [ "$ISOLATION" = plan ]; then
         [ "$requested" = intercept ] && die "up: C2S_PORT_ISOLATION=intercept, but $ISOLATION_WHY"
         note "port isolation: plan-time knobs only ($ISOLATION_WHY)"
@@ -97,15 +102,13 @@ choose_isolation() {
     return 0
 }
 
-# The tracer's words for the loaded service: --addr, a --keep for each port published on its own
-# number (the node's clients reach it on every address, as Docker publishes it), --record, --peers
-# (and $@ before them).
+# The tracer's words for the loaded service: --addr, --dns (the project's DNS server, dns.sh),
+# --record, --peers (and $@ before them). Its
+# published ports are its forwarders' (isolated_endpoints): the service keeps its own address.
 TRACER_WORDS=()
 tracer_words() {
-    local port
-    TRACER_WORDS=("$LOOPBACK_IN" --addr "$S_OWN_ADDRESS" "$@")
-    for port in "${S_KEPT_PORTS[@]}"; do TRACER_WORDS+=(--keep "$port"); done
-    TRACER_WORDS+=(--record "$RECORDS_IN/$S_NAME" --peers "$RECORDS_IN")
+    TRACER_WORDS=("$LOOPBACK_IN" --addr "$S_OWN_ADDRESS" "$@" --dns "$DNS_ENDPOINT" --record "$RECORDS_IN/$S_NAME"
+        --peers "$RECORDS_IN")
 }
 
 # In intercept mode, the flags that start the loaded service's entry under the tracer (added to
@@ -177,13 +180,11 @@ relocated_port() {
 
 # Where the tracer puts a bind of the loaded service to $1 (ADDR:PORT), in ISOLATED: a loopback
 # or wildcard address becomes its own, a privileged port where its record says it went; fails
-# for a privileged port not recorded yet. Other addresses and kept ports are left alone, as by
-# the tracer.
+# for a privileged port not recorded yet. Other addresses are left alone, as by the tracer.
 ISOLATED=""
 isolated_endpoint() {
     local port=${1##*:}
     ISOLATED=$1
-    case " ${S_KEPT_PORTS[*]} " in *" $port "*) return 0 ;; esac
     case "${1%:*}" in 0.0.0.0 | :: | 127.0.0.1 | "$S_OWN_ADDRESS") ;; *) return 0 ;; esac
     ISOLATED="$S_OWN_ADDRESS:$port"
     ((port < 1024)) || return 0
@@ -196,18 +197,35 @@ isolated_endpoint() {
 # waited for (the forwarders wait for theirs: wait_relocated).
 isolated_endpoints() {
     [ -n "$ISOLATION" ] || isolation_mode
-    traced_service || return 0
-    local i e optional
+    local i e optional pairs=() at a
+    if ! traced_service; then
+        [ "$ISOLATION" = intercept ] || return 0
+        # the node's network as it is (network_mode: host, a batch job's C2S_NODE_NETWORK): a port
+        # published on its own number is the service's own bind there, as written; no forwarder
+        for ((i = 0; i < ${#S_FORWARDS[@]}; i += 2)); do
+            [ "${S_FORWARDS[i]##*:}" = "${S_FORWARDS[i + 1]##*:}" ] || pairs+=("${S_FORWARDS[i]}" "${S_FORWARDS[i + 1]}")
+        done
+        S_FORWARDS=("${pairs[@]}")
+        return 0
+    fi
     for i in "${!S_ENDPOINTS[@]}"; do
         e=${S_ENDPOINTS[i]} optional=""
         [ "${e%\?}" != "$e" ] && optional="?" e=${e%\?}
         isolated_endpoint "$e" || optional="?"
         S_ENDPOINTS[i]=$ISOLATED$optional
     done
-    for ((i = 1; i < ${#S_FORWARDS[@]}; i += 2)); do
-        isolated_endpoint "${S_FORWARDS[i]}"
-        S_FORWARDS[i]=$ISOLATED
+    for ((i = 0; i < ${#S_FORWARDS[@]}; i += 2)); do
+        isolated_endpoint "${S_FORWARDS[i + 1]}"
+        at=${S_FORWARDS[i]}
+        case "${at%:*}" in
+            0.0.0.0 | ::)  # published on all interfaces: on each of the node's addresses, one by one
+                node_addresses
+                for a in "${NODE_ADDRESSES[@]}"; do pairs+=("$a:${at##*:}" "$ISOLATED"); done
+                ;;
+            *) pairs+=("$at" "$ISOLATED") ;;
+        esac
     done
+    S_FORWARDS=("${pairs[@]}")
 }
 
 # Wait until the loaded service's record says where each privileged port its forwarders relay to

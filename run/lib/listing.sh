@@ -51,7 +51,8 @@ ps_row() {
     declare -A forward_of=()
     for ((k = 0; k < ${#S_FORWARDS[@]}; k += 2)); do  # published ports a forwarder serves
         e="${S_FORWARDS[k]}->${S_FORWARDS[k + 1]}"
-        forward_of[${S_FORWARDS[k + 1]##*:}]=$e
+        # (the table shows a port's first: 127.0.0.1 where it is published on each of the node's addresses)
+        [ -n "${forward_of[${S_FORWARDS[k + 1]##*:}]:-}" ] || forward_of[${S_FORWARDS[k + 1]##*:}]=$e
         json_str "$e"
         forwards+=${forwards:+,}$JSON_STR
     done

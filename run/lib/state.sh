@@ -24,18 +24,24 @@ now_seconds() {
 }
 
 prepare_state() {
-    local node=()
     umask 077
     make_dirs "$STATE" "$RUNDIR" "$STATE/logs" "$STATE/volumes" "$STATE/services"
     chmod 0700 "$STATE"
-    # /etc/hosts in every instance: the node's own entries, then every service name on 127.0.0.1
+    write_hosts
+}
+
+# /etc/hosts in every instance: the node's own entries, then every service's names at its address
+# (the fallback's where `up` fell back to the plan-time knobs: run/lib/isolation.sh).
+write_hosts() {
+    local node=() hosts_names="$HERE/hosts.names"
+    [ -n "$ISOLATION" ] || isolation_mode
+    [ "$ISOLATION" != intercept ] && [ -f "$HERE/fallback/hosts.names" ] && hosts_names="$HERE/fallback/hosts.names"
     { mapfile node </etc/hosts; } 2>/dev/null  # (its lines as they are, read without a child process)
     {
         printf '%s' "${node[@]}"
         echo "# compose2sif: $PROJECT"
-        cat "$HERE/hosts.names"
-    } >"$STATE/hosts.$BASHPID" && mv -f "$STATE/hosts.$BASHPID" "$STATE/hosts"
-    chmod 0644 "$STATE/hosts"
+        cat "$hosts_names"
+    } >"$STATE/hosts.$BASHPID" && chmod 0644 "$STATE/hosts.$BASHPID" && mv -f "$STATE/hosts.$BASHPID" "$STATE/hosts"
 }
 
 # What a killed run (kill -9, an ended batch job, a reboot) leaves behind. The runtime forgets

@@ -153,8 +153,10 @@ def test_two_projects_side_by_side(stack):
     second = f"-p c2s-second -f {STACK}/compose.yaml up -d --registry-mirror {node.registry} -o out2"
     refused = node.c2s(second, timeout=900)
     assert refused.returncode != 0
-    assert re.search(r"run\.sh: up: endpoint 0\.0\.0\.0:18080 \(service proxy\) is held by another process on this "
-                     r"node \(pid \d+: \S+/out/bin/x86_64/c2s-forward 0\.0\.0\.0:18080 ", refused.stderr), refused.stderr
+    # (published on all interfaces: served on each of the node's addresses, 127.0.0.1 first)
+    assert re.search(r"run\.sh: up: endpoint 127\.0\.0\.1:18080 \(service proxy\) is held by another process on "
+                     r"this node \(pid \d+: \S+/out/bin/x86_64/c2s-forward 127\.0\.0\.1:18080 ", refused.stderr), \
+        refused.stderr
     assert "nothing was started" in refused.stderr
     proc = node.run(f"cd ~ && PROXY_PORT=18081 python3 -m compose2sif {second}", timeout=900)
     assert proc.returncode == 0, proc.stderr

@@ -12,7 +12,8 @@
 #   ./run.sh down [-v]             stop every instance; -v also deletes the named volumes
 #   ./run.sh ps [--format json]    state, health, address:port and uptime of each service
 #   ./run.sh logs [-f] SERVICE     the service's output
-#   ./run.sh exec SERVICE CMD...   run a command inside the service's instance
+#   ./run.sh exec [--index N] SERVICE CMD...   run a command inside the service's instance
+#                                  (--index: which of its replicas, 1 by default)
 #   ./run.sh restart SERVICE       stop and start one service
 # shellcheck disable=SC2016  # single-quoted $VARs in the data below are for the instances' shells
 set -o pipefail  # not -u: bash 4.2 (RHEL7) treats empty arrays as unset
@@ -28,22 +29,28 @@ PROJECT=chatapp
 STATE="$HERE/state"
 RUNDIR="$STATE/run"
 SERVICES=(db llm redis api web proxy)
+# services of several replicas (deploy.replicas): each one's NAME-1..NAME-N
+declare -A REPLICAS=()
 # where the tracer puts privileged ports (each service on its own address): the block's top half
 LOOPBACK_BLOCK=30050-30099
+# the project's DNS server, where the tracer sends queries to Docker's 127.0.0.11 (run/lib/dns.sh)
+DNS_ENDPOINT=127.45.3.1:30049
 LEVELS=(0 0 0 1 2 3)
 MAX_LEVEL=3
 IMAGES=(ghcr.io-example-chat-api-latest postgres-16 vllm-vllm-openai-v0.19.1 nginx-1.27-alpine redis-7 build-web)
 PULLED=(ghcr.io-example-chat-api-latest postgres-16 vllm-vllm-openai-v0.19.1 nginx-1.27-alpine redis-7)  # images run as they are in a registry
 # web fronts `up` points people at: SERVICE SCHEME ADDRESS PORT PATH
 ENTRY_POINTS=('proxy http 0.0.0.0 8080 /')
+FALLBACK_ENTRY_POINTS=('proxy http 0.0.0.0 8080 /')  # (up uses them where it falls back)
 
 # ---- the services (generated) ---------------------------------------------------------------
+# where services cannot get a loopback of their own, the line `up` refuses the project with
+FALLBACK_REFUSAL=''
 svc_0_db() {
     S_NAME=db
     S_INSTANCE=chatapp-db
     S_OWN_ADDRESS=127.45.3.3
     S_SIF="$HERE/sif/postgres-16.sif"
-    S_ENV="$HERE/env/db.env"
     S_WORKDIR=/
     S_TMP=state/services/db/scratch/tmp
     S_ONESHOT=0
@@ -64,20 +71,23 @@ svc_0_db() {
     S_EMPTY=(state/services/db/scratch/tmp state/services/db/scratch/var_run_postgresql)
     S_ENDPOINTS=(127.45.3.3:5432)
     S_FORWARDS=()
-    S_KEPT_PORTS=()
     S_HEALTH=(CMD-SHELL 'pg_isready -U ${POSTGRES_USER} -d ${POSTGRES_DB}')
     S_PRE_START=()
     S_HEALTH_INTERVAL=5.0 S_HEALTH_TIMEOUT=5.0 S_HEALTH_RETRIES=10
     S_HEALTH_START_PERIOD=0.0 S_HEALTH_START_INTERVAL=5.0
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
+    if [ "$ISOLATION" = intercept ]; then
+        S_ENV="$HERE/env/db.env"
+    else
+        S_ENV="$HERE/fallback/env/db.env"
+    fi
 }
 svc_1_llm() {
     S_NAME=llm
     S_INSTANCE=chatapp-llm
     S_OWN_ADDRESS=127.45.3.4
     S_SIF="$HERE/sif/vllm-vllm-openai-v0.19.1.sif"
-    S_ENV="$HERE/env/llm.env"
     S_WORKDIR=''
     S_TMP=state/services/llm/tmpfs/tmp
     S_ONESHOT=0
@@ -98,20 +108,24 @@ svc_1_llm() {
     S_EMPTY=(state/services/llm/tmpfs/tmp)
     S_ENDPOINTS=(127.45.3.4:8000)
     S_FORWARDS=()
-    S_KEPT_PORTS=()
-    S_HEALTH=(CMD-SHELL 'curl -fsS http://127.45.3.4:8000/health || exit 1')
     S_PRE_START=()
     S_HEALTH_INTERVAL=30.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=3
     S_HEALTH_START_PERIOD=600.0 S_HEALTH_START_INTERVAL=5.0
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
+    if [ "$ISOLATION" = intercept ]; then
+        S_ENV="$HERE/env/llm.env"
+        S_HEALTH=(CMD-SHELL 'curl -fsS http://localhost:8000/health || exit 1')
+    else
+        S_ENV="$HERE/fallback/env/llm.env"
+        S_HEALTH=(CMD-SHELL 'curl -fsS http://127.45.3.4:8000/health || exit 1')
+    fi
 }
 svc_2_redis() {
     S_NAME=redis
     S_INSTANCE=chatapp-redis
     S_OWN_ADDRESS=127.45.3.6
     S_SIF="$HERE/sif/redis-7.sif"
-    S_ENV="$HERE/env/redis.env"
     S_WORKDIR=/data
     S_TMP=state/services/redis/scratch/tmp
     S_ONESHOT=0
@@ -132,20 +146,23 @@ svc_2_redis() {
     S_EMPTY=(state/services/redis/scratch/tmp)
     S_ENDPOINTS=(127.45.3.6:6379)
     S_FORWARDS=()
-    S_KEPT_PORTS=()
     S_HEALTH=(CMD redis-cli -h 127.45.3.6 ping)
     S_PRE_START=()
     S_HEALTH_INTERVAL=30.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=3
     S_HEALTH_START_PERIOD=0.0 S_HEALTH_START_INTERVAL=5.0
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
+    if [ "$ISOLATION" = intercept ]; then
+        S_ENV="$HERE/env/redis.env"
+    else
+        S_ENV="$HERE/fallback/env/redis.env"
+    fi
 }
 svc_3_api() {
     S_NAME=api
     S_INSTANCE=chatapp-api
     S_OWN_ADDRESS=127.45.3.2
     S_SIF="$HERE/sif/ghcr.io-example-chat-api-latest.sif"
-    S_ENV="$HERE/env/api.env"
     S_WORKDIR=/app
     S_TMP=state/services/api/scratch/tmp
     S_ONESHOT=0
@@ -166,19 +183,22 @@ svc_3_api() {
     S_EMPTY=(state/services/api/scratch/tmp)
     S_ENDPOINTS=(127.45.3.2:8000)
     S_FORWARDS=()
-    S_KEPT_PORTS=()
     S_HEALTH=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
+    if [ "$ISOLATION" = intercept ]; then
+        S_ENV="$HERE/env/api.env"
+    else
+        S_ENV="$HERE/fallback/env/api.env"
+    fi
 }
 svc_4_web() {
     S_NAME=web
     S_INSTANCE=chatapp-web
     S_OWN_ADDRESS=127.45.3.7
     S_SIF="$HERE/sif/build-web.sif"
-    S_ENV="$HERE/env/web.env"
     S_WORKDIR=/app
     S_TMP=state/services/web/scratch/tmp
     S_ONESHOT=0
@@ -199,20 +219,24 @@ svc_4_web() {
     S_EMPTY=(state/services/web/scratch/tmp)
     S_ENDPOINTS=(127.45.3.7:3000)
     S_FORWARDS=()
-    S_KEPT_PORTS=()
-    S_HEALTH=(CMD wget -qO- http://127.45.3.7:3000/healthz)
     S_PRE_START=()
     S_HEALTH_INTERVAL=10.0 S_HEALTH_TIMEOUT=3.0 S_HEALTH_RETRIES=5
     S_HEALTH_START_PERIOD=20.0 S_HEALTH_START_INTERVAL=5.0
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
+    if [ "$ISOLATION" = intercept ]; then
+        S_ENV="$HERE/env/web.env"
+        S_HEALTH=(CMD wget -qO- http://localhost:3000/healthz)
+    else
+        S_ENV="$HERE/fallback/env/web.env"
+        S_HEALTH=(CMD wget -qO- http://127.45.3.7:3000/healthz)
+    fi
 }
 svc_5_proxy() {
     S_NAME=proxy
     S_INSTANCE=chatapp-proxy
     S_OWN_ADDRESS=127.45.3.5
     S_SIF="$HERE/sif/nginx-1.27-alpine.sif"
-    S_ENV="$HERE/env/proxy.env"
     S_WORKDIR=/
     S_TMP=state/services/proxy/scratch/tmp
     S_ONESHOT=0
@@ -224,24 +248,32 @@ svc_5_proxy() {
     S_WRITABLE_TMPFS=0
     S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=(web:service_healthy)
-    S_BINDS=(state/services/proxy/scratch/run:/run state/services/proxy/scratch/tmp:/tmp state/services/proxy/scratch/var_run:/var/run state/services/proxy/scratch/var_cache_nginx:/var/cache/nginx state/services/proxy/scratch/var_log_nginx:/var/log/nginx state/services/proxy/scratch/var_lib_nginx:/var/lib/nginx config/proxy/root/etc/nginx/conf.d:/etc/nginx/conf.d:ro)
     S_MKDIRS=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)
     S_FILLS=()
     S_MOUNT_POINTS=()
     S_HOST_PATHS=()
     S_SOCKETS=()
     S_EMPTY=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)
-    S_ENDPOINTS=('127.45.3.5:30000?' '127.45.3.5:30001?')
-    S_FORWARDS=(0.0.0.0:8080 127.45.3.5:30000)
-    S_KEPT_PORTS=()
     S_HEALTH=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
     S_STOP_SIGNAL=SIGTERM
     S_STOP_GRACE=10
+    if [ "$ISOLATION" = intercept ]; then
+        S_ENV="$HERE/env/proxy.env"
+        S_BINDS=(state/services/proxy/scratch/run:/run state/services/proxy/scratch/tmp:/tmp state/services/proxy/scratch/var_run:/var/run state/services/proxy/scratch/var_cache_nginx:/var/cache/nginx state/services/proxy/scratch/var_log_nginx:/var/log/nginx state/services/proxy/scratch/var_lib_nginx:/var/lib/nginx config/proxy/root/etc/nginx/conf.d:/etc/nginx/conf.d:ro)
+        S_ENDPOINTS=('127.45.3.5:80?' '127.45.3.5:443?')
+        S_FORWARDS=(0.0.0.0:8080 127.45.3.5:80)
+    else
+        S_ENV="$HERE/fallback/env/proxy.env"
+        S_BINDS=(state/services/proxy/scratch/run:/run state/services/proxy/scratch/tmp:/tmp state/services/proxy/scratch/var_run:/var/run state/services/proxy/scratch/var_cache_nginx:/var/cache/nginx state/services/proxy/scratch/var_log_nginx:/var/log/nginx state/services/proxy/scratch/var_lib_nginx:/var/lib/nginx fallback/config/proxy/root/etc/nginx/conf.d:/etc/nginx/conf.d:ro)
+        S_ENDPOINTS=('127.45.3.5:30000?' '127.45.3.5:30001?')
+        S_FORWARDS=(0.0.0.0:8080 127.45.3.5:30000)
+    fi
 }
 
 load_service() {
+    [ -n "$ISOLATION" ] || isolation_mode  # which data: as written, or the fallback's
     case "$1" in
         db) svc_0_db ;;
         llm) svc_1_llm ;;

@@ -1,9 +1,10 @@
-"""A server that answers its own name (argv[1]) on every address of port 8000, as an image's
-default server does: it binds 0.0.0.0 and is told nothing."""
+"""A server that answers its own name (argv[1]) on every address of port argv[2] (8000 without it),
+as an image's default server does: it binds 0.0.0.0 and is told nothing."""
 import http.server
 import sys
 
 NAME = sys.argv[1]
+PORT = int(sys.argv[2]) if len(sys.argv) > 2 else 8000
 
 
 class Who(http.server.BaseHTTPRequestHandler):
@@ -18,4 +19,4 @@ class Who(http.server.BaseHTTPRequestHandler):
         pass
 
 
-http.server.ThreadingHTTPServer(("0.0.0.0", 8000), Who).serve_forever()
+http.server.ThreadingHTTPServer(("0.0.0.0", PORT), Who).serve_forever()
