@@ -13,7 +13,7 @@ import pytest
 
 from compose2sif.load import ProjectOptions, load_project
 from compose2sif.plan import PlanOptions, build_plan
-from test_run_verbs import ENGINE_MARKER, REPO, calls, listing, run_verb, standin_init
+from test_run_verbs import ENGINE_MARKER, REPO, calls, listing, run_verb, standin_init, stop_dns
 
 COMPOSE = """name: v
 services:
@@ -78,7 +78,8 @@ def replicated(tmp_path):
         path = Path(sif.replace("$HERE", str(tmp_path / "out")))
         path.parent.mkdir(exist_ok=True)
         path.write_text("")
-    return tmp_path
+    yield tmp_path
+    stop_dns(tmp_path)
 
 
 def test_up_restart_exec_and_logs_take_the_services_name(replicated):

@@ -57,7 +57,13 @@ def project(converted, tmp_path):
     """A copy of the converted project for one test (its run.sh finds everything from where it is)."""
     shutil.copytree(converted, tmp_path / "out", symlinks=True)
     (tmp_path / "listing.json").write_text('{"instances": []}')
-    return tmp_path
+    yield tmp_path
+    stop_dns(tmp_path)
+
+
+def stop_dns(tmp_path):
+    """The project's DNS server, which an `up` of a test started (`down` would stop it)."""
+    subprocess.run(["pkill", "-f", f"{tmp_path}/out/bin/x86_64/c2s-loopback --serve-dns"], check=False)
 
 
 def run_verb(tmp_path, verb_file, *call, background=False, as_uid=None, path="/usr/bin:/bin", **env_extra):
@@ -350,6 +356,7 @@ def node_dir():
     path = Path(tempfile.mkdtemp(prefix="c2s-mode-"))
     path.chmod(0o755)
     yield path
+    stop_dns(path)
     shutil.rmtree(path)
 
 

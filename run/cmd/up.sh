@@ -23,7 +23,6 @@ cmd_up() {
     mapfile -t names < <(closure "${names[@]}")
     refuse_untraceable "${names[@]}" || { echo "run.sh: up: nothing was started" >&2; return 1; }
     tell_forwarders "${names[@]}"  # how published ports are served on this node, or who will fail
-    start_dns  # Docker's 127.0.0.11, in intercept mode (run/lib/dns.sh)
     for name in "${names[@]}"; do
         remove_files "$RUNDIR/$name.status" "$RUNDIR/$name.timeline" "$RUNDIR/$name.progress" "$RUNDIR/$name.truth"
         probe_fakeroot "$name"
@@ -38,6 +37,7 @@ cmd_up() {
         echo "run.sh: up: nothing was started; stop what holds it, or change that port in the compose file (a published one: its host port) and convert again" >&2
         return 1
     fi
+    start_dns  # Docker's 127.0.0.11, in intercept mode (run/lib/dns.sh)
     [ -t 2 ] && [ "${TERM:-dumb}" != dumb ] && PROGRESS_TTY=1
     for name in "${names[@]}"; do
         up_one "$name" &
