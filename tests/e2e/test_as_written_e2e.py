@@ -8,6 +8,7 @@ written, answered by the project's DNS server; a worker of `deploy.replicas: 3`,
 running on its own address, the service's name resolving to all three. Every answer says who sent it (the servers answer their own names, PostgreSQL
 its own protocol). Real Apptainer as the unprivileged user hpc (rootless)."""
 import json
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -114,7 +115,7 @@ def test_docker_dns_answers_nginx_as_written(written):
     plan = json.loads((node.home / OUT / "plan.json").read_text())
     front = next(s for s in plan["services"] if s["name"] == "front")
     site = next(b["source"] for b in front["binds"] if b["target"] == "/etc/nginx/sites-enabled/site")
-    assert site == str(node.home / "as-written-stack" / "nginx" / "site")  # the project's own file, as written
+    assert site.endswith("/as-written-stack/nginx/site")  # the project's own file, as written
     assert answer(node, f"http://{own['front']}:8080/") == "I am w2"  # nginx asked 127.0.0.11 for w2
     log = node.run(f"cd ~ && cat {OUT}/state/logs/dns.log", timeout=60).stdout
     assert "cannot" not in log, log
@@ -145,7 +146,7 @@ def test_three_replicas_run_each_on_its_own_address_and_the_name_resolves_to_all
     assert len(set(addresses)) == 3
     for address in addresses:
         assert answer(node, f"http://{address}:4000/") == "I am worker"
-    asked = node.run(f"cd ~ && {OUT}/run.sh exec caller python3 -c {json.dumps(DNS_QUERY)} worker", timeout=120)
+    asked = node.run(f"cd ~ && {OUT}/run.sh exec caller python3 -c {shlex.quote(DNS_QUERY)} worker", timeout=120)
     assert asked.returncode == 0 and asked.stdout.split() == addresses, asked.stdout + asked.stderr
     code = "import urllib.request as u; print(u.urlopen('http://localhost:4000/', timeout=10).read().decode().strip())"
     second = node.run(f"cd ~ && {OUT}/run.sh exec --index 2 worker python3 -c {json.dumps(code)}", timeout=120)
