@@ -22,12 +22,12 @@ from compose2sif.plan.binds import STATE, rewrite_bound_files, service_binds, te
 from compose2sif.plan.generated import Replacer
 from compose2sif.plan.images import ImageSource, build_args, plan_images
 from compose2sif.plan.knobs import RUNSCRIPT, Found
-from compose2sif.plan.network import (References, ServiceNet, default_address_block, default_port_base, host_port_pairs,
-                                      plan_as_written, plan_network)
+from compose2sif.plan.network import (PORT_BLOCK, References, ServiceNet, default_address_block, default_port_base,
+                                      dns_port, host_port_pairs, plan_as_written, plan_network)
 from compose2sif.plan.pre_start import plan_pre_start
 from compose2sif.plan.types import ImagePlan, Plan, PortPlan, ServicePlan
 from compose2sif.support import unsupported_warnings
-from compose2sif.types import WILDCARDS, NetworkPlan
+from compose2sif.types import WILDCARD, WILDCARDS, NetworkPlan
 
 _HOST_KEYS = ("_HOST", "_HOSTNAME", "_ADDR", "_SERVER")
 _VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # what an --env-file can carry
@@ -381,7 +381,12 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
     for name, service in services.items():
         result, adapter = drafts[name], found.adapters[name]
         if result.serves_https:
-            tls_ports[name] = result.endpoints[adapter.tls_port].host
+            tls = result.endpoints[adapter.tls_port]
+            if result.docker_dns and tls.forward is None and tls.published:  # as written: a forwarder serves it
+                tls.forward = f"{WILDCARD if tls.address in WILDCARDS else tls.address}:{_free_forward_port(network)}"
+                warnings.append(f"service {name!r}: --tls: HTTPS is published on {tls.forward} (forwarded to its "
+                                f"port {tls.container})")
+            tls_ports[name] = int(tls.forward.rsplit(":", 1)[1]) if tls.forward else tls.host
         environment = _env_file_environment(result)
         healthcheck, probe_environment = None, {}
         if result.healthcheck is not None:
@@ -446,6 +451,14 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
                 configs=configs, warnings=list(dict.fromkeys(warnings)),
                 entry_points=_entry_points(plans, found.adapters),
                 generated_secrets=dict(options.secrets.chosen) if options.secrets else {})
+
+
+def _free_forward_port(network: NetworkPlan) -> int:
+    """A port of the block's lower half no forwarder of the plan publishes (nor the DNS server's)."""
+    used = {int(e.forward.rsplit(":", 1)[1]) for endpoints in network.endpoints.values()
+            for e in endpoints.values() if e.forward}
+    return next(p for p in range(network.port_base, network.port_base + PORT_BLOCK)
+                if p not in used and p != dns_port(network.port_base))
 
 
 def _instance_name(project: str, service: Service) -> str:
