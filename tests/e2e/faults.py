@@ -251,7 +251,8 @@ class FaultRun:
             return f"{victim} ({n} processes), `up -d` {moment:.2f} s later"
         record = (self.stack.dir / "state" / "run" / "supervisor.pid").read_text().split()
         log = self.stack.dir / "state" / "logs" / "supervisor.log"
-        said = (log.read_text().strip().splitlines() or ["(nothing said yet)"])[-1].replace(f"[{self.stack.project}] ", "")
+        said = (log.read_text().strip().splitlines() or ["(nothing said yet)"])[-1]
+        said = said.replace(f"[{self.stack.project}] ", "")
         try:
             os.killpg(int(record[0]), signal.SIGKILL)
         except ProcessLookupError:

@@ -53,11 +53,11 @@ def test_kill_9_at_random_moments_then_up_recovers(node, say):
 @pytest.mark.parametrize("kind", ["node", "setuid_node"])
 def test_one_image_many_services_at_once(kind, request, say):
     """Rootless, the services share the image's entry under the tracer (RUNDIR/KEY.entry); setuid,
-    the image's directory list (RUNDIR/KEY.sif.dirs) and its start script (RUNDIR/KEY.startscript)."""
+    that and the image's directory list (RUNDIR/KEY.sif.dirs)."""
     node = request.getfixturevalue(kind)
     stack = converted(node, "one-image.yaml", "out-oneimage", "c2s-oneimage")
-    run = OneImageRun(stack, rounds=int(os.environ.get("C2S_ONE_IMAGE_ROUNDS", "3")), say=lambda line: say(f"{kind}: {line}"),
-                      cache="$HOME/c2s-oneimage-sifs")
+    run = OneImageRun(stack, rounds=int(os.environ.get("C2S_ONE_IMAGE_ROUNDS", "3")),
+                      say=lambda line: say(f"{kind}: {line}"), cache="$HOME/c2s-oneimage-sifs")
     try:
         run.run()
     finally:
