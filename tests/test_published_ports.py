@@ -21,7 +21,7 @@ import pytest
 
 from helpers import kill_groups, run_lib
 
-# the stand-in servers listen on fixed ports (8000 and 7000, on 0.0.0.0 among others): under xdist
+# the stand-in servers listen on the services' ports (on 0.0.0.0 among others): under xdist
 # these tests run on one worker, one after another, never beside each other
 pytestmark = pytest.mark.xdist_group("published-ports")
 
@@ -42,12 +42,16 @@ def free_ports(n):
     return ports
 
 
+# the services' own ports: free on this machine when the tests start (a stand-in binds one of them on
+# 0.0.0.0, which a listener on that port on any address would refuse: never a fixed number)
+FREE = free_ports(12)  # (at once: twelve distinct ports)
+WEB, LOCAL, BARE, PRIV = FREE[:4]
 HINTS = 'x-compose2sif: {ports: {"%d": {env: PORT}}, bind_address: {env: HOST}}'
 
 
 @pytest.fixture(scope="module")
 def ports():
-    return free_ports(8)
+    return FREE[4:]
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +61,11 @@ def converted(tmp_path_factory, ports):
     root = tmp_path_factory.mktemp("published")
     (root / "compose.yaml").write_text(f"""
 services:
-  web:                      # published on another number: a forwarder, the service keeps 8000
+  web:                      # published on another number: a forwarder, the service keeps its port
     image: busybox
-    environment: {{PORT: "8000", HOST: 0.0.0.0}}
-    ports: ["{web}:8000"]
-    {HINTS % 8000}
+    environment: {{PORT: "{WEB}", HOST: 0.0.0.0}}
+    ports: ["{web}:{WEB}"]
+    {HINTS % WEB}
   inner:                    # an internal port equal to web's published one: it is the one that moves
     image: busybox
     environment: {{PORT: "{web}", HOST: 0.0.0.0}}
@@ -69,17 +73,17 @@ services:
   bare:                     # cannot be told an address or a port: forwarded all the same
     image: busybox
     command: [sleep, "1000"]
-    ports: ["{bare}:9000"]
+    ports: ["{bare}:{BARE}"]
   local:                    # published on 127.0.0.1 only
     image: busybox
-    environment: {{PORT: "7000", HOST: 0.0.0.0}}
-    ports: ["127.0.0.1:{local}:7000"]
-    {HINTS % 7000}
+    environment: {{PORT: "{LOCAL}", HOST: 0.0.0.0}}
+    ports: ["127.0.0.1:{local}:{LOCAL}"]
+    {HINTS % LOCAL}
   priv:                     # published on a privileged port: the forwarder moves, the service does not
     image: busybox
-    environment: {{PORT: "8001", HOST: 0.0.0.0}}
-    ports: ["80:8001"]
-    {HINTS % 8001}
+    environment: {{PORT: "{PRIV}", HOST: 0.0.0.0}}
+    ports: ["80:{PRIV}"]
+    {HINTS % PRIV}
   low:                      # a privileged container port still moves, behind its forwarder
     image: busybox
     environment: {{PORT: "80", HOST: 0.0.0.0}}
@@ -114,17 +118,17 @@ def own(name):
 
 def test_a_port_published_on_another_number_keeps_the_services_port_behind_a_forwarder(converted, ports):
     p = plan_ports(converted)
-    assert p["web"][8000]["address"] == own("web") and p["web"][8000]["host"] == 8000
-    assert p["web"][8000]["forward"] == f"0.0.0.0:{ports[0]}"
-    assert p["local"][7000]["forward"] == f"127.0.0.1:{ports[3]}"
-    assert p["local"][7000]["address"] == own("local")
+    assert p["web"][WEB]["address"] == own("web") and p["web"][WEB]["host"] == WEB
+    assert p["web"][WEB]["forward"] == f"0.0.0.0:{ports[0]}"
+    assert p["local"][LOCAL]["forward"] == f"127.0.0.1:{ports[3]}"
+    assert p["local"][LOCAL]["address"] == own("local")
     # a service that cannot be told anything listens on all addresses; its forwarder reaches it on 127.0.0.1
-    assert p["bare"][9000]["address"] == "0.0.0.0" and p["bare"][9000]["forward"] == f"0.0.0.0:{ports[2]}"
+    assert p["bare"][BARE]["address"] == "0.0.0.0" and p["bare"][BARE]["forward"] == f"0.0.0.0:{ports[2]}"
     err = (converted / "convert.err").read_text()
     assert "cannot tell it another port" not in err
     header = (converted / "header.sh").read_text()
-    assert f"S_FORWARDS=(0.0.0.0:{ports[0]} {own('web')}:8000)" in header
-    assert f"S_FORWARDS=(0.0.0.0:{ports[2]} 127.0.0.1:9000)" in header
+    assert f"S_FORWARDS=(0.0.0.0:{ports[0]} {own('web')}:{WEB})" in header
+    assert f"S_FORWARDS=(0.0.0.0:{ports[2]} 127.0.0.1:{BARE})" in header
     assert os.access(converted / "bin" / "x86_64" / "c2s-forward", os.X_OK)
 
 
@@ -132,10 +136,10 @@ def test_published_ports_claim_their_place_first_and_a_privileged_one_moves_its_
     p, base = plan_ports(converted), ports[6]
     assert p["inner"][ports[0]]["host"] != ports[0]  # the internal port moved, the published one stayed
     assert base <= p["inner"][ports[0]]["host"] < base + 100
-    forward_port = int(p["priv"][8001]["forward"].rsplit(":", 1)[1])
-    assert base <= forward_port < base + 100 and p["priv"][8001]["host"] == 8001
+    forward_port = int(p["priv"][PRIV]["forward"].rsplit(":", 1)[1])
+    assert base <= forward_port < base + 100 and p["priv"][PRIV]["host"] == PRIV
     assert (f"service 'priv': published port 80 is privileged; it is published on 0.0.0.0:{forward_port} instead "
-            "(forwarded to its port 8001)") in (converted / "convert.err").read_text()
+            f"(forwarded to its port {PRIV})") in (converted / "convert.err").read_text()
     low = p["low"][80]
     assert base <= low["host"] < base + 100 and low["forward"] == f"0.0.0.0:{ports[4]}"
     same = p["same"][ports[5]]
@@ -185,11 +189,11 @@ def listens(port):
 
 def test_a_forwarder_answers_on_the_published_port_and_goes_with_stop(project, ports):
     tmp_path, started = project
-    standin_server(started, own("web"), 8000, "c2s-standin-web")
+    standin_server(started, own("web"), WEB, "c2s-standin-web")
     proc = run_lib(tmp_path, 'load_service web && start_forwarders && cat "$RUNDIR/web.forward"')
     assert proc.returncode == 0, proc.stdout + proc.stderr
     pid = int(proc.stdout.split()[0])
-    assert proc.stdout.split()[2:] == [f"0.0.0.0:{ports[0]}", f"{own('web')}:8000"]
+    assert proc.stdout.split()[2:] == [f"0.0.0.0:{ports[0]}", f"{own('web')}:{WEB}"]
     assert "c2s-forward" in open(f"/proc/{pid}/cmdline").read()  # shown as itself in `ps`
     # clients on the node: localhost:P and 127.0.0.1:P, as under Docker
     assert get(f"http://127.0.0.1:{ports[0]}/") == 200
@@ -208,7 +212,7 @@ def test_a_published_port_held_by_another_process_is_named(project, ports):
     holder = standin_server(started, "127.0.0.1", ports[3], "c2s-standin-holder")
     proc = run_lib(tmp_path, "load_service local && start_forwarders")
     assert proc.returncode != 0
-    assert (f"its published port 127.0.0.1:{ports[3]} (forwarded to {own('local')}:7000) is held by another "
+    assert (f"its published port 127.0.0.1:{ports[3]} (forwarded to {own('local')}:{LOCAL}) is held by another "
             f"process on this node (pid ") in proc.stdout, proc.stdout
     child = open(f"/proc/{holder}/task/{holder}/children").read().split()[0]  # the stand-in server itself
     # its command line as the kernel has it: `python3` as the shell found it (a pyenv shim, say,
@@ -221,44 +225,44 @@ def test_a_published_port_held_by_another_process_is_named(project, ports):
 
 def test_a_service_on_all_interfaces_is_told_in_one_line_and_shown_by_ps(project, ports):
     tmp_path, started = project
-    init = standin_server(started, "0.0.0.0", 8000, "c2s-standin-web")  # told its address, listens on all
+    init = standin_server(started, "0.0.0.0", WEB, "c2s-standin-web")  # told its address, listens on all
     proc = run_lib(tmp_path, 'load_service web && IPID=$1 && record_truth && tell_truth run.sh: web'
                 .replace("$1", str(init)))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines == [
-        "run.sh: service web: listens on all interfaces (0.0.0.0:8000), where nothing is published: anyone who "
-        "reaches this node reaches it, and it holds port 8000 on every address (tell it its address: "
+        f"run.sh: service web: listens on all interfaces (0.0.0.0:{WEB}), where nothing is published: anyone who "
+        f"reaches this node reaches it, and it holds port {WEB} on every address (tell it its address: "
         "x-compose2sif: {bind_address: {env: VAR}})"], lines
     # ps: the forwarder's published port beside the service's, the line as its warning
     ps = run_lib(tmp_path, f"source {RUN}/cmd/ps.sh && load_service web && ps_row 0 running none && "
                         'printf "%s\\n" "${PS_ROWS[@]}"; PS_JSON=1 && ps_row 0 running none && echo "${PS_ROWS[0]}"')
     table, row = ps.stdout.splitlines()[:6], json.loads(ps.stdout.splitlines()[6])
-    assert table[4] == f"0.0.0.0:{ports[0]}->{own('web')}:8000"
-    assert row["published"] == [f"0.0.0.0:{ports[0]}->{own('web')}:8000"]
-    assert row["warnings"][0].startswith("listens on all interfaces (0.0.0.0:8000)")
+    assert table[4] == f"0.0.0.0:{ports[0]}->{own('web')}:{WEB}"
+    assert row["published"] == [f"0.0.0.0:{ports[0]}->{own('web')}:{WEB}"]
+    assert row["warnings"][0].startswith(f"listens on all interfaces (0.0.0.0:{WEB})")
 
 
 def test_a_planned_port_that_never_opened_names_where_it_listens_and_who_holds_it(project, ports):
     tmp_path, started = project
-    init = standin_server(started, "127.0.0.1", 8000, "c2s-standin-web")  # not on its own address
+    init = standin_server(started, "127.0.0.1", WEB, "c2s-standin-web")  # not on its own address
     proc = run_lib(tmp_path, f"load_service web && IPID={init} && record_truth && cat \"$RUNDIR/web.truth\"")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == (f"does not listen on its planned {own('web')}:8000 (it listens on: 127.0.0.1:8000); "
+    assert proc.stdout.strip() == (f"does not listen on its planned {own('web')}:{WEB} (it listens on: 127.0.0.1:{WEB}); "
                                    f"its published port 0.0.0.0:{ports[0]} forwards there"), proc.stdout
 
 
 def test_a_listener_on_another_services_endpoint_names_that_service(project, ports):
     tmp_path, started = project
-    # `bare` listens on all addresses on port 7000, where `local` is planned: local cannot open it
-    init = standin_server(started, "0.0.0.0", 7000, "c2s-standin-bare")
+    # `bare` listens on all addresses on its port, where `local` is planned: local cannot open it
+    init = standin_server(started, "0.0.0.0", LOCAL, "c2s-standin-bare")
     proc = run_lib(tmp_path, f"load_service bare && IPID={init} && record_truth && cat \"$RUNDIR/bare.truth\"")
-    assert (f"listens on 0.0.0.0:7000, where service local is planned ({own('local')}:7000): local cannot open it"
+    assert (f"listens on 0.0.0.0:{LOCAL}, where service local is planned ({own('local')}:{LOCAL}): local cannot open it"
             in proc.stdout.splitlines()), proc.stdout
     # and the holder of local's endpoint is named as a service of this project, through its instance's init
     (tmp_path / "listing.json").write_text(json.dumps({"instances": [{"instance": "x", "pid": init}]}))
     inode = next(l.split()[9] for l in open("/proc/net/tcp").read().splitlines()[1:]
-                 if l.split()[1] == "00000000:1B58" and l.split()[3] == "0A")
+                 if l.split()[1] == f"00000000:{LOCAL:04X}" and l.split()[3] == "0A")
     who = run_lib(tmp_path, f'listed_instances() {{ LISTED=(["$(load_service bare; echo "$S_INSTANCE")"]={init}); }}; '
                          f'load_service local && describe_holder {os.getuid()} {inode} && echo "$HOLDER"')
     assert who.stdout.startswith("service bare of this project (pid "), who.stdout + who.stderr
@@ -267,9 +271,9 @@ def test_a_listener_on_another_services_endpoint_names_that_service(project, por
 def test_doctor_shows_what_up_found_and_checks_the_forwarders_endpoint(project, ports):
     from compose2sif.doctor import plan_lines
     tmp_path, _ = project
-    (tmp_path / "out" / "state" / "run" / "web.truth").write_text("listens on all interfaces (0.0.0.0:8000), ...\n")
+    (tmp_path / "out" / "state" / "run" / "web.truth").write_text(f"listens on all interfaces (0.0.0.0:{WEB}), ...\n")
     lines = plan_lines(str(tmp_path / "out"))
-    assert ("warn", "service web at run time: listens on all interfaces (0.0.0.0:8000), ...") in lines
+    assert ("warn", f"service web at run time: listens on all interfaces (0.0.0.0:{WEB}), ...") in lines
     assert ("ok", f"service web: published 0.0.0.0:{ports[0]} is free") in lines
 
 
@@ -325,7 +329,7 @@ def test_without_a_forwarder_for_the_nodes_architecture_its_python3_serves_the_p
     says in one line that the node's python3 serves published ports, and bin/c2s-forward.py does."""
     tmp_path, started = project
     (tmp_path / "out" / "bin" / "x86_64" / "c2s-forward").unlink()
-    standin_server(started, own("web"), 8000, "c2s-standin-web")
+    standin_server(started, own("web"), WEB, "c2s-standin-web")
     proc = run_lib(tmp_path, 'tell_forwarders web && load_service web && start_forwarders && cat "$RUNDIR/web.forward"')
     try:
         assert proc.returncode == 0, proc.stdout + proc.stderr
