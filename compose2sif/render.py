@@ -29,7 +29,7 @@ from compose2sif import helpers
 from compose2sif.errors import ComposeError
 from compose2sif.plan import Plan, PortPlan, ServicePlan
 from compose2sif.plan.generated import SECRETS_FILE, file_text
-from compose2sif.plan.network import PORT_BLOCK, dns_port
+from compose2sif.plan.network import PORT_BLOCK, dns_port, gateway_address
 from compose2sif.types import WILDCARDS
 
 
@@ -280,8 +280,11 @@ def render_runner(plan: Plan) -> str:
                                               for name, replicas in _replicas(plan).items()) + ")",
            "# where the tracer puts privileged ports (each service on its own address): the block's top half",
            f"LOOPBACK_BLOCK={plan.port_base + PORT_BLOCK // 2}-{plan.port_base + PORT_BLOCK - 1}",
+           "# the node as services on their own addresses reach it (host.docker.internal): forwarders serve",
+           "# every port published on all interfaces there too",
+           f"GATEWAY={gateway_address(plan.address_block)}",
            "# the project's DNS server, where the tracer sends queries to Docker's 127.0.0.11 (run/lib/dns.sh)",
-           f"DNS_ENDPOINT={plan.address_block}.1:{dns_port(plan.port_base)}",
+           f'DNS_ENDPOINT="$GATEWAY:{dns_port(plan.port_base)}"',
            f"LEVELS=({' '.join(str(s.level) for s in plan.services)})",
            f"MAX_LEVEL={max((s.level for s in plan.services), default=0)}",
            f"IMAGES={_array(plan.images)}",

@@ -74,6 +74,7 @@ class NetworkPlan:
     endpoints: Dict[str, Dict[int, Endpoint]]       # service -> container port -> endpoint
     warnings: List[str] = field(default_factory=list)
     needs_loopback: Dict[str, str] = field(default_factory=dict)  # service -> why `up` refuses it without the tracer
+    gateway: str = "127.0.0.1"                      # the node as services reach it: host.docker.internal, host-gateway
 
     def names_address(self, service: str) -> str:
         """Where the service's names point: its address, or its own one when it listens on all."""

@@ -201,9 +201,11 @@ def test_up_chooses_the_loopback_where_the_check_passes_and_says_why_not_elsewhe
 
 
 def node_pairs(tmp_path, port, target):
-    """S_FORWARDS of a port published on all interfaces: each of the node's addresses -> TARGET."""
-    addresses = run_lib(tmp_path, 'node_addresses && echo "${NODE_ADDRESSES[*]}"').stdout.split()
+    """S_FORWARDS of a port published on all interfaces: each of the node's addresses, and the
+    project's gateway (host.docker.internal), -> TARGET."""
+    addresses = run_lib(tmp_path, 'node_addresses && echo "${NODE_ADDRESSES[*]} $GATEWAY"').stdout.split()
     assert addresses[0] == "127.0.0.1" and "0.0.0.0" not in addresses
+    assert addresses[-1].startswith("127.") and addresses[-1].endswith(".1") and addresses[-1] != "127.0.0.1"
     return " ".join(f"{a}:{port} {target}" for a in addresses)
 
 

@@ -93,6 +93,7 @@ services:
     image: busybox
     environment: {{PORT: "{same}", HOST: 0.0.0.0}}
     ports: ["{same}:{same}"]
+    extra_hosts: ["gw.example:host-gateway"]
     {HINTS % same}
 """)
     proc = subprocess.run(["python3", "-m", "compose2sif", "-f", str(root / "compose.yaml"), "convert", "--offline",
@@ -167,6 +168,13 @@ def test_as_written_every_service_keeps_its_ports_and_every_published_port_has_a
             f"(forwarded to its port {PRIV})") in (converted / "convert.err").read_text()
     env = (converted / "env" / "inner.env").read_text()
     assert f"PORT={ports[0]}" in env and "HOST=0.0.0.0" in env  # as written
+    # the node as the services reach it: the project's gateway (the tracer would take 127.0.0.1 for
+    # the service's own loopback); the fallback has no tracer, so there it is 127.0.0.1
+    names = {n: a for a, *rest in (l.split() for l in (converted / "hosts.names").read_text().splitlines()) for n in rest}
+    assert names["host.docker.internal"] == names["gw.example"] == f"{BLOCK}.1"
+    names = {n: a for a, *rest in (l.split() for l in (converted / "fallback" / "hosts.names").read_text().splitlines())
+             for n in rest}
+    assert names["host.docker.internal"] == names["gw.example"] == "127.0.0.1"
 
 
 # ---- run.sh: forwarders and what services really listen on ------------------------------------
@@ -255,19 +263,21 @@ def test_as_written_a_published_port_is_served_on_each_node_address_and_others_k
     """Under the tracer (ISOLATION=intercept): `same` publishes P on its own number, and `inner`
     listens on P too, on its own address (as two containers do under Docker). The forwarders of
     `same` listen on 127.0.0.1:P, ::1 and each address of the node's interfaces, one by one, never
-    on 0.0.0.0: the node's clients reach `same`, a client of `inner` reaches `inner`, and nothing
-    answers on an address of the project nobody listens on."""
+    on 0.0.0.0, and on the project's gateway (host.docker.internal): the node's clients and other
+    services through host.docker.internal reach `same`, a client of `inner` reaches `inner`, and
+    nothing answers on an address of the project nobody listens on."""
     tmp_path, started = project
     (tmp_path / "out" / "state" / "run" / "isolation").write_text(f"{socket.gethostname()} auto intercept\ntest\n")
     p = ports[5]
     named_server(started, own("same"), p, "same")
     named_server(started, own("inner"), p, "inner")
     proc = run_lib(tmp_path, 'load_service same && start_forwarders && cat "$RUNDIR/same.forward" && '
-                             'node_addresses && echo "${NODE_ADDRESSES[*]}"', HOSTNAME=socket.gethostname())
+                             'node_addresses && echo "${NODE_ADDRESSES[*]} $GATEWAY"', HOSTNAME=socket.gethostname())
     try:
         assert proc.returncode == 0, proc.stdout + proc.stderr
         *records, addresses = proc.stdout.splitlines()
         assert addresses.split()[0] == "127.0.0.1" and "0.0.0.0" not in addresses
+        assert addresses.split()[-1] == f"{BLOCK}.1"  # the gateway, where host.docker.internal points
         assert sorted(r.split()[2] for r in records) == sorted(f"{a}:{p}" for a in addresses.split())
         assert all(r.split()[3] == f"{own('same')}:{p}" for r in records)
         assert answer(f"http://127.0.0.1:{p}/") == "same" and answer(f"http://localhost:{p}/") == "same"

@@ -563,7 +563,8 @@ def _entry_points(plans: List[ServicePlan], adapters: Dict[str, Optional[Adapter
 
 def _hosts(services: Dict[str, Service], names: Dict[str, List[str]], network: NetworkPlan, warnings: List[str]):
     """The hosts file: each service's names at its address; host.docker.internal and host-gateway
-    at the node's 127.0.0.1; extra_hosts as given."""
+    at the node (network.gateway: 127.0.0.1, or, as written, where the tracer leaves it so); extra_hosts
+    as given."""
     lines: List[Tuple[str, List[str]]] = []
     owner: Dict[str, str] = {}
     for name in sorted(services):
@@ -580,11 +581,11 @@ def _hosts(services: Dict[str, Service], names: Dict[str, List[str]], network: N
             owner[alias] = name
             mine.append(alias)
         lines.append((network.names_address(name), mine))
-    lines.append(("127.0.0.1", ["host.docker.internal"]))
+    lines.append((network.gateway, ["host.docker.internal"]))
     extra = set()
     for service in services.values():
         for entry in service.extra_hosts:
             host, _, ip = entry.partition("=") if "=" in entry else entry.partition(":")
-            extra.add((host, "127.0.0.1" if ip == "host-gateway" else ip))
+            extra.add((host, network.gateway if ip == "host-gateway" else ip))
     lines += [(ip, [host]) for host, ip in sorted(extra)]
     return lines

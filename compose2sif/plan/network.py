@@ -55,6 +55,13 @@ def dns_port(port_base: int) -> int:
     return port_base + PORT_BLOCK // 2 - 1
 
 
+def gateway_address(address_block: str) -> str:
+    """The node as services on their own addresses reach it (Docker's gateway, host.docker.internal):
+    the block's first address. Forwarders serve every port published on all interfaces there too,
+    a listener on the node's wildcard answers there, and the project's DNS server listens there."""
+    return f"{address_block}.1"
+
+
 def default_port_base(project: str, uid: Optional[int] = None) -> int:
     """The first port of this user's and project's block of moved ports."""
     uid = os.getuid() if uid is None else uid
@@ -390,7 +397,8 @@ def plan_as_written(services: List[ServiceNet], address_block: str, port_base: i
                 next_port += 1
             published_at.append(((at, number), s.name))
             endpoint.forward = f"{at}:{number}"
-    return NetworkPlan(address_block, port_base, own, dict(own), endpoints, warnings, {})
+    return NetworkPlan(address_block, port_base, own, dict(own), endpoints, warnings, {},
+                       gateway=gateway_address(address_block))
 
 
 def _dedupe(items: List[str]) -> List[str]:

@@ -218,9 +218,10 @@ isolated_endpoints() {
         isolated_endpoint "${S_FORWARDS[i + 1]}"
         at=${S_FORWARDS[i]}
         case "${at%:*}" in
-            0.0.0.0 | ::)  # published on all interfaces: on each of the node's addresses, one by one
+            0.0.0.0 | ::)  # published on all interfaces: on each of the node's addresses, one by one,
+                # and on the project's gateway, where host.docker.internal points
                 node_addresses
-                for a in "${NODE_ADDRESSES[@]}"; do pairs+=("$a:${at##*:}" "$ISOLATED"); done
+                for a in "${NODE_ADDRESSES[@]}" "$GATEWAY"; do pairs+=("$a:${at##*:}" "$ISOLATED"); done
                 ;;
             *) pairs+=("$at" "$ISOLATED") ;;
         esac

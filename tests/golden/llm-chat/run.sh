@@ -33,8 +33,11 @@ SERVICES=(db llm redis api web proxy)
 declare -A REPLICAS=()
 # where the tracer puts privileged ports (each service on its own address): the block's top half
 LOOPBACK_BLOCK=30050-30099
+# the node as services on their own addresses reach it (host.docker.internal): forwarders serve
+# every port published on all interfaces there too
+GATEWAY=127.45.3.1
 # the project's DNS server, where the tracer sends queries to Docker's 127.0.0.11 (run/lib/dns.sh)
-DNS_ENDPOINT=127.45.3.1:30049
+DNS_ENDPOINT="$GATEWAY:30049"
 LEVELS=(0 0 0 1 2 3)
 MAX_LEVEL=3
 IMAGES=(ghcr.io-example-chat-api-latest postgres-16 vllm-vllm-openai-v0.19.1 nginx-1.27-alpine redis-7 build-web)
