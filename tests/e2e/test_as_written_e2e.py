@@ -84,6 +84,10 @@ def test_a_published_port_beside_a_service_that_keeps_it(written):
                     "\"select 'postgres answers on ' || current_setting('port')\"", timeout=120)
     assert said.returncode == 0 and said.stdout.strip() == "postgres answers on 5432", said.stdout + said.stderr
     assert answer(node, f"http://{own['pooler']}:5432/") == "I am pooler"
+    # inside a service, host.docker.internal is the node (its published ports), localhost its own
+    assert answer(node, "http://host.docker.internal:5432/", via="caller") == "I am pooler"
+    inside = fetch(node, "http://localhost:5432/", via="caller")
+    assert inside.returncode != 0 and "I am" not in inside.stdout, inside.stdout + inside.stderr
 
 
 def test_three_services_on_one_port_each_reached_by_name(written):
