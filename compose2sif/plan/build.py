@@ -563,8 +563,8 @@ def _entry_points(plans: List[ServicePlan], adapters: Dict[str, Optional[Adapter
 
 def _hosts(services: Dict[str, Service], names: Dict[str, List[str]], network: NetworkPlan, warnings: List[str]):
     """The hosts file: each service's names at its address; host.docker.internal and host-gateway
-    at the node (network.gateway: 127.0.0.1, or, as written, where the tracer leaves it so); extra_hosts
-    as given."""
+    at the node (network.gateway: 127.0.0.1 in the fallback; as written, the project's gateway
+    127.A.B.1, since the tracer takes 127.0.0.1 for the service's own loopback); extra_hosts as given."""
     lines: List[Tuple[str, List[str]]] = []
     owner: Dict[str, str] = {}
     for name in sorted(services):
