@@ -1,4 +1,4 @@
-"""`compose2sif config --format json` equals Docker Compose's on every key of the 36 real-world
+"""`compose2sif config --format json` equals Docker Compose's on every key of the 39 real-world
 projects in ../shared/realworld/ (third-party files, see each PROVENANCE.md), each loaded the way its
 README says (directory, -f files, profiles). Differences allowed: oracle.DOCUMENTED_DIFFERENCES only.
 
@@ -20,6 +20,7 @@ PROJECTS = {
     "bisheng": ("bisheng/docker", ["-f", "docker-compose.yml", "-p", "bisheng"]),
     "cognita": ("cognita", []),
     "coze-studio": ("coze-studio/docker", ["-f", "docker-compose.yml"]),
+    "directus": ("directus", []),
     "fastgpt": ("fastgpt", []),
     "flowise": ("flowise", ["-f", "docker-compose-queue-prebuilt.yml"]),
     "immich": ("immich", []),
@@ -41,6 +42,7 @@ PROJECTS = {
     "penpot": ("penpot", []),
     "plane": ("plane", ["--env-file", "plane.env"]),
     "plausible": ("plausible", []),
+    "prefect": ("prefect", []),
     "qanything": ("qanything", ["-f", "docker-compose-linux.yaml"]),
     "r2r": ("r2r/docker", ["-f", "compose.full.yaml", "--profile", "postgres"]),
     "ragflow": ("ragflow", []),
@@ -50,6 +52,8 @@ PROJECTS = {
     "surfsense": ("surfsense/docker", []),
     "taskingai": ("taskingai/docker", []),
     "temporal": ("temporal", ["-f", "docker-compose-multirole.yaml"]),
+    "weblate": ("weblate", []),
+    "weblate-split": ("weblate", ["-f", "docker-compose-split.yml", "-f", "docker-compose.override.yml"]),
     "windmill": ("windmill", []),
     "zep-ce": ("zep-ce/legacy", ["-f", "docker-compose.ce.yaml"]),
     "zulip": ("zulip", []),

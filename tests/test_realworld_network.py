@@ -1,4 +1,4 @@
-"""The network plan on the 36 real-world projects (../shared/realworld/, each with a PROVENANCE.md), read
+"""The network plan on the 39 real-world projects (../shared/realworld/, each with a PROVENANCE.md), read
 the way their READMEs run them. Each project either plans with no two endpoints colliding, nothing
 below 1024 and every reference to another service hitting one of its planned endpoints, or is
 refused with one line naming the clash and the x-compose2sif hint that fixes it.
@@ -26,6 +26,7 @@ PROJECTS = {
     "bisheng": ("docker", ["docker-compose.yml"], {}),
     "cognita": (".", ["docker-compose.yaml"], {}),
     "coze-studio": ("docker", ["docker-compose.yml"], {}),
+    "directus": (".", ["docker-compose.yml"], {}),
     "fastgpt": (".", ["docker-compose.yml"], {}),
     "flowise": (".", ["docker-compose-queue-prebuilt.yml"], {}),
     "immich": (".", ["docker-compose.yml"], {}),
@@ -45,6 +46,7 @@ PROJECTS = {
     "penpot": (".", ["docker-compose.yaml"], {}),
     "plane": (".", ["docker-compose.yml"], {}),  # with --env-file plane.env (ENV_FILES), as its install.sh runs it
     "plausible": (".", ["compose.yml", "compose.override.yml"], {}),
+    "prefect": (".", ["compose.yml"], {}),
     "qanything": (".", ["docker-compose-linux.yaml"], {}),
     "r2r": ("docker", ["compose.full.yaml"], {"COMPOSE_PROFILES": "postgres"}),
     "ragflow": (".", ["docker-compose.yml"], {}),
@@ -54,6 +56,7 @@ PROJECTS = {
     "surfsense": ("docker", ["docker-compose.yml"], {}),
     "taskingai": ("docker", ["docker-compose.yml"], {}),
     "temporal": (".", ["docker-compose-multirole.yaml"], {}),
+    "weblate": (".", ["docker-compose-split.yml", "docker-compose.override.yml"], {}),  # the split form: 9 services
     "windmill": (".", ["docker-compose.yml"], {}),
     "zep-ce": ("legacy", ["docker-compose.ce.yaml"], {}),
     "zulip": (".", ["compose.yaml", "compose.override.yaml"], {}),

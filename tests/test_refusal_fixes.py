@@ -176,6 +176,7 @@ def test_a_flag_hint_goes_before_positional_arguments_and_takes_host_and_port(tm
 NAMED = [["named"]]
 TABLE = {
     "airflow": "clean", "anythingllm": "clean", "bisheng": "clean", "cognita": "clean", "coze-studio": "clean",
+    "directus": "clean", "prefect": "clean", "weblate": "clean",
     "fastgpt": [["named"] * 4],  # five servers on 3000 (Node's default): four must be told another port
     "flowise": "clean", "immich": "clean",
     "khoj": NAMED,               # search and sandbox both on 8080
