@@ -25,6 +25,19 @@ REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standins" / "recording-standin-apptainer"
 
 
+def free_ports(n: int) -> List[int]:
+    """N ports free on this machine now (on every address): what a unit test publishes or binds,
+    never a fixed number that another test, or the end-to-end suite beside it, may hold
+    (tests/test_free_ports.py guards it)."""
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("0.0.0.0", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
 def helpers_stale() -> str:
     """Why the package's helpers (compose2sif/helpers/, built by `pip install`) cannot be tested
     as they are: missing, or built from sources other than compose2sif/intercept's now; "" when fine."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, STANDIN, compose2sif_forked
+from helpers import REPO, STANDIN, compose2sif_forked, free_ports
 
 SECTIONS = {"%setup", "%files", "%environment", "%post", "%runscript", "%startscript", "%test", "%labels", "%help",
             "%arguments"}
@@ -74,8 +74,8 @@ VALUES = ("services:\n" + "".join(_values_service(i) for i in range(len(PAYLOADS
     image: busybox
     depends_on: [{", ".join(f"app{i}" for i in range(len(PAYLOADS)))}]
     environment:
-""" + "".join(f"      - {_yaml_str(f'Q{i}=' + _payload(i))}\n" for i in range(len(PAYLOADS))) + """    ports: ["127.0.0.1:18081:8080"]
-""")
+""" + "".join(f"      - {_yaml_str(f'Q{i}=' + _payload(i))}\n" for i in range(len(PAYLOADS))) + """    ports: ["127.0.0.1:%d:8080"]
+""" % free_ports(1)[0])
 
 
 # A hostile value in one field each, one service each (the service named after the case); the

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import kill_groups, run_lib
+from helpers import free_ports, kill_groups, run_lib
 
 # the stand-in servers listen on the services' ports (on 0.0.0.0 among others): under xdist
 # these tests run on one worker, one after another, never beside each other
@@ -29,17 +29,6 @@ REPO = Path(__file__).resolve().parent.parent
 RUN = REPO / "run"
 ENGINE_MARKER = "# ---- the engine (the same for every project"
 BLOCK = "127.77.7"  # --address-block: services get .2, .3, ... by name
-
-
-def free_ports(n):
-    """N ports free on this machine now (on every address)."""
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("0.0.0.0", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 # the services' own ports: free on this machine when the tests start (a stand-in binds one of them on
