@@ -285,6 +285,9 @@ def _up_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("-d", "--detach", action="store_true",
                      help="Start and return; restart policies run in the background.")
     sub.add_argument("services", nargs="*", metavar="SERVICE")
+    sub.epilog = ("C2S_LISTEN_TIMEOUT=SECONDS (default 60): how long up waits for a service without a healthcheck "
+                  "to listen on its ports; one slower than that is reported as started, not listening yet, and "
+                  "watched (ps shows it until it listens). A service that exits is failed at once.")
 
 
 def _down_arguments(sub: argparse.ArgumentParser) -> None:

@@ -31,6 +31,7 @@ class ImageConfig:
     user: Optional[str] = None
     env: Dict[str, str] = field(default_factory=dict)
     volumes: List[str] = field(default_factory=list)
+    stop_signal: Optional[str] = None
 
 
 def split_reference(ref: str) -> Tuple[str, str, str]:
@@ -97,4 +98,5 @@ def fetch_config(ref: str, timeout: float = 5.0, insecure: bool = False) -> Imag
     return ImageConfig(workdir=config.get("WorkingDir") or None, exposed=exposed,
                        entrypoint=config.get("Entrypoint"), cmd=config.get("Cmd"),
                        user=config.get("User") or None, env=env,
-                       volumes=sorted(v for v in (config.get("Volumes") or {}) if v.startswith("/")))
+                       volumes=sorted(v for v in (config.get("Volumes") or {}) if v.startswith("/")),
+                       stop_signal=config.get("StopSignal") or None)

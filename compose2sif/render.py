@@ -177,7 +177,9 @@ _HELP = """\
 #   ./run.sh pull [SERVICE...]     fetch again the images run from a registry whose tag moved
 #   ./run.sh up [-d] [SERVICE...]  start services (and what they depend on) in dependency order;
 #                                  without -d, stay in the foreground, keep restart policies, and
-#                                  stop everything on SIGTERM/SIGINT (the end of a batch job)
+#                                  stop everything on SIGTERM/SIGINT (the end of a batch job);
+#                                  C2S_LISTEN_TIMEOUT=SECONDS (60): the wait for a service with no
+#                                  healthcheck to listen (a slower one is watched, not failed)
 #   ./run.sh down [-v]             stop every instance; -v also deletes the named volumes
 #   ./run.sh ps [--format json]    state, health, address:port and uptime of each service
 #   ./run.sh logs [-f] SERVICE     the service's output
@@ -241,13 +243,18 @@ def _service_function(s: ServicePlan, fn: str, own_address: str) -> List[str]:
         f"    S_BINDS={_array(spec for spec, _ in binds)}",
         f"    S_MKDIRS={_array(b.source for _, b in binds if b.create or b.kind in ('volume', 'scratch', 'tmpfs'))}",
         f"    S_FILLS={_array(item for b in s.binds if b.fill for item in (b.source, b.target))}",
+        # scratch over an image's directory keeps what the image has there (nginx's log links to stdout)
+        f"    S_KEEPS={_array(item for b in s.binds if b.kind == 'scratch' for item in (b.source, b.target))}",
         f"    S_MOUNT_POINTS={_array(mount_points)}",
         f"    S_HOST_PATHS={_array(i for b in s.binds if b.host_path for i in (b.source, b.target, str(int(b.create))))}",
         f"    S_SOCKETS={_array(f'{b.source}:{b.target}' for b in s.binds if b.socket)}",
         f"    S_EMPTY={_array(b.source for _, b in binds if b.kind in ('tmpfs', 'scratch'))}",
         f"    S_ENDPOINTS={_array(_endpoint(p) for p in s.ports)}",
         f"    S_FORWARDS={_array(i for p in s.ports if p.forward for i in (p.forward, _forward_target(p)))}",
+        # as written: where the tracer puts each privileged port (c2s-loopback --map)
+        f"    S_PORT_MAP={_array(f'{p.host}:{p.traced_port}' for p in s.ports if p.traced_port)}",
         f"    S_HEALTH={_array(health['test'] if health else [])}",
+        f"    S_CHECK={_array(s.check)}",  # its adapter's: why its program would not start
         # three words a pre_start step: its image key, its env file, its fingerprint
         f"    S_PRE_START={_array(w for p in s.pre_start for w in (p.image, p.env_file, p.fingerprint))}",
     ]

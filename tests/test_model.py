@@ -95,5 +95,5 @@ networks: {front: {}, back: {}}
     assert app.expose == ["9000", "7000-7002", "53/udp"]
     assert (app.stop_signal, app.stop_grace_period, app.pull_policy) == ("SIGINT", 90.0, "always")
     assert sorted(app.networks) == ["back", "front"] and app.replicas == 3 and app.limits == {"cpus": 2.0}
-    assert (plain.stop_signal, plain.stop_grace_period, plain.pull_policy) == ("SIGTERM", 10.0, "missing")
+    assert (plain.stop_signal, plain.stop_grace_period, plain.pull_policy) == (None, 10.0, "missing")  # (the image's, else SIGTERM: the plan)
     assert plain.networks == ["default"] and plain.replicas is None and plain.limits == {}

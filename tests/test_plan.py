@@ -606,3 +606,32 @@ def test_a_healthcheck_url_on_the_implied_port_follows_the_move(tmp_path):
     web = port(plan, "web", 80)
     url = plan.service("web").healthcheck["test"][-1]
     assert web.host != 80 and url.endswith(f":{web.host}/health") and url.startswith(f"http://{BLOCK}.")
+
+
+def test_the_stop_signal_is_the_compose_files_else_the_images_else_sigterm(tmp_path):
+    """As Docker chooses it: stop_signal, else the image's STOPSIGNAL (its registry config; a
+    Dockerfile's for a build), else SIGTERM; plan.json says where each came from and run.sh sends it."""
+    from compose2sif.registry import ImageConfig
+    compose = """
+        services:
+          db: {image: "example/postgres:16"}
+          front: {image: "example/nginx:1", stop_signal: SIGTERM}
+          built: {build: ./app}
+          plain: {build: ./plain}
+          unread: {image: "example/unread:1"}
+    """
+    files = {"app/Dockerfile": "FROM debian:12 AS base\nSTOPSIGNAL SIGQUIT\nFROM base\nCMD [\"app\"]\n",
+             "plain/Dockerfile": "FROM debian:12\n"}
+    configs = {"example/postgres:16": ImageConfig(stop_signal="SIGINT"),
+               "example/nginx:1": ImageConfig(stop_signal="SIGQUIT")}
+    plan = plan_for(tmp_path, compose, files=files, image_configs=configs)
+    got = {s.name: (s.stop_signal, s.stop_signal_from) for s in plan.services}
+    assert got["db"] == ("SIGINT", "image config of example/postgres:16")
+    assert got["front"] == ("SIGTERM", "compose file")
+    assert got["built"] == ("SIGQUIT", "Dockerfile STOPSIGNAL")  # (inherited from the stage it is built FROM)
+    assert got["plain"] == ("SIGTERM", "default (the Dockerfile sets no STOPSIGNAL)")
+    assert got["unread"][0] == "SIGTERM" and "--offline" in got["unread"][1]
+    assert plan.to_json()["services"][0]["stop_signal_from"]
+    from compose2sif.render import render_runner
+    db_function = render_runner(plan).split("    S_NAME=db\n", 1)[1].split("\n}", 1)[0]
+    assert "S_STOP_SIGNAL=SIGINT" in db_function

@@ -64,6 +64,8 @@ class Adapter:
     entry_port: Optional[int] = None  # a web front: the port it serves plain HTTP on
     tls_port: Optional[int] = None    # it can serve HTTPS for --tls, on this port
     clients: Tuple["PasswordClient", ...] = ()  # its command-line clients that can take a password from a variable
+    check: Tuple[str, ...] = ()       # a command that says why its program would not start (`up` runs it in the
+                                      # image where the service exits at once and its output says nothing)
 
     def matches(self, repository: str) -> bool:
         return re.search(self.images, repository) is not None

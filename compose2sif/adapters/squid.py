@@ -8,4 +8,5 @@ ADAPTER = Adapter(
     ports={3128: Knob("env", "HTTP_PORT", "{port}")},
     writable=("/var/log/squid", "/var/spool/squid", "/run", "/etc/squid"),
     workdir="/",  # the image's WORKDIR
+    check=("squid", "-k", "parse"),  # squid writes why it stops into cache.log, not its output
 )

@@ -401,6 +401,7 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
                    or (adapter.workdir if adapter else None))
         if workdir is None and service.image and source.kind == "docker" and service.image not in options.image_configs:
             unknown_workdir.append(name)
+        stop_signal, stop_signal_from = _stop_signal(service, source, image_config)
         gpus = [{"count": g.count, "device_ids": list(g.device_ids)} for g in service.gpus]
         if service.runtime == "nvidia" and not gpus:
             gpus = [{"count": -1, "device_ids": []}]
@@ -413,6 +414,8 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
                 how = "tls"
             ports.append(PortPlan(port, endpoint.host, endpoint.address, endpoint.published, how,
                                   endpoint.evidence, endpoint.required, endpoint.forward))
+        if result.docker_dns:
+            _trace_privileged(ports, network.port_base)
         plans.append(ServicePlan(
             name=name, instance=_instance_name(project.name, service), image=found.image_of[name], level=levels[name],
             oneshot=name in waited_on, address=network.address[name], names=found.names[name], ports=ports,
@@ -420,10 +423,11 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
             binds=result.binds, gpus=gpus, nv=bool(gpus), healthcheck=healthcheck, restart=service.restart,
             depends_on=[{"service": d.service, "condition": d.condition, "required": d.required}
                         for d in service.depends_on],
-            stop_signal=service.stop_signal, stop_grace_period=service.stop_grace_period,
+            stop_signal=stop_signal, stop_signal_from=stop_signal_from, stop_grace_period=service.stop_grace_period,
             ulimits={k: [soft, hard] for k, (soft, hard) in service.ulimits.items()},
             writable_tmpfs=bool(knobs.hints(service).get("writable_tmpfs")),
-            adapter=adapter.family if adapter else None, warnings=result.warnings,
+            adapter=adapter.family if adapter else None, check=list(adapter.check) if adapter else [],
+            warnings=result.warnings,
             fakeroot=_fakeroot(service, adapter), probe_environment=probe_environment,
             host_network=service.network_mode == "host", needs_loopback=network.needs_loopback.get(name, ""),
             replica_of=service.replica_of))
@@ -540,6 +544,33 @@ def _probe_password(name: str, test: List[str], warnings: List[str]) -> Tuple[Li
                             "of the node sees in the process list at each probe; write it in the CMD form (compose2sif "
                             f"then moves the password to the environment) or set {client.variable}")
     return test, {}
+
+
+def _stop_signal(service: Service, source: ImageSource, image_config) -> Tuple[str, str]:
+    """The signal `down` sends first, and where it comes from: the compose file's stop_signal, else
+    the image's STOPSIGNAL (its registry config, or the Dockerfile of a build), else SIGTERM, as
+    Docker chooses."""
+    if service.stop_signal:
+        return service.stop_signal, "compose file"
+    if source.kind == "build" and source.stop_signal:
+        return source.stop_signal, "Dockerfile STOPSIGNAL"
+    if source.kind != "build" and image_config is not None and image_config.stop_signal:
+        return image_config.stop_signal, f"image config of {service.image}"
+    if source.kind == "build":
+        return "SIGTERM", "default (the Dockerfile sets no STOPSIGNAL)"
+    if image_config is None:
+        return "SIGTERM", "default (the image's config was not read: convert without --offline reads its STOPSIGNAL)"
+    return "SIGTERM", "default (the image sets no STOPSIGNAL)"
+
+
+def _trace_privileged(ports: List[PortPlan], port_base: int) -> None:
+    """As written, the tracer moves a privileged bind onto the block's upper half. Each privileged
+    port the plan knows gets its place there now (c2s-loopback --map P:Q), the same for every
+    service (each has its own address), so that its forwarders start before the bind happens and
+    a published port the service never binds is served as Docker serves one: connections closed."""
+    first = port_base + PORT_BLOCK // 2
+    for i, port in enumerate(sorted((p for p in ports if p.host < 1024), key=lambda p: p.host)):
+        port.traced_port = first + i
 
 
 def _fakeroot(service: Service, adapter: Optional[Adapter]) -> Optional[Dict[str, Any]]:

@@ -98,6 +98,7 @@ class Stage:
     user: Optional[str] = None
     exposed: List[int] = field(default_factory=list)
     volumes: List[str] = field(default_factory=list)
+    stop_signal: Optional[str] = None
 
 
 @dataclass
@@ -109,6 +110,7 @@ class ConvertedDockerfile:
     warnings: List[str]
     volumes: List[str] = field(default_factory=list)
     cmd: Optional[List[str]] = None   # the final stage's CMD in exec form (the runscript's default arguments)
+    stop_signal: Optional[str] = None  # the final stage's STOPSIGNAL (`down` sends it where compose sets none)
 
 
 @dataclass
@@ -336,8 +338,10 @@ class _Converter:
                 path = expand(path, self.variables()) if paths is not None else path
                 if path.startswith("/") and path not in stage.volumes:
                     stage.volumes.append(os.path.normpath(path))
-        elif op in ("HEALTHCHECK", "STOPSIGNAL", "MAINTAINER"):
-            pass  # compose's healthcheck / stop_signal apply instead
+        elif op == "STOPSIGNAL":
+            stage.stop_signal = expand(args.strip(), self.variables()) or None
+        elif op in ("HEALTHCHECK", "MAINTAINER"):
+            pass  # compose's healthcheck applies instead
         elif op == "ONBUILD":
             self.warn("ONBUILD is not supported and was ignored")
         else:
@@ -390,6 +394,7 @@ class _Converter:
             stage.workdir, stage.shell = parent.workdir, list(parent.shell)
             stage.entrypoint, stage.cmd = parent.entrypoint, parent.cmd
             stage.entrypoint_shell, stage.cmd_shell = parent.entrypoint_shell, parent.cmd_shell
+            stage.stop_signal = parent.stop_signal
         else:
             header_value(base, f"{self.where}: line {self.line}: FROM image")
         self.stages.append(stage)
@@ -495,7 +500,8 @@ def convert(dockerfile: str, context: str, build_args: Dict[str, Optional[str]],
             stage.base = header_value(image_ref(stage.base), f"{where}: FROM image")
     return ConvertedDockerfile(definition=_render(needed, final), workdir=final.workdir,
                                exposed=final.exposed, user=final.user, warnings=converter.warnings,
-                               volumes=final.volumes, cmd=None if final.cmd_shell else final.cmd)
+                               volumes=final.volumes, cmd=None if final.cmd_shell else final.cmd,
+                               stop_signal=final.stop_signal)
 
 
 def _needed_stages(stages: List[Stage], final: Stage) -> List[Stage]:

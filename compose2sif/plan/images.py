@@ -45,6 +45,7 @@ class ImageSource:
     exposed: List[int] = field(default_factory=list)
     volumes: List[str] = field(default_factory=list)  # the Dockerfile's VOLUMEs
     cmd: Optional[List[str]] = None  # the Dockerfile's CMD in exec form
+    stop_signal: Optional[str] = None  # the Dockerfile's STOPSIGNAL
     warnings: List[str] = field(default_factory=list)
     steps: List[Tuple[str, int]] = field(default_factory=list)  # (service, index) of the pre_start steps it runs
 
@@ -327,5 +328,5 @@ def _build(service: Service, working_dir: str, mirror: Optional[str], local_imag
                             "Apptainer runs the service as you")
         return ImageSource(key, "build", context, definition, workdir=converted.workdir,
                            exposed=converted.exposed, volumes=converted.volumes, warnings=warnings,
-                           cmd=converted.cmd)
+                           cmd=converted.cmd, stop_signal=converted.stop_signal)
     return identity, make

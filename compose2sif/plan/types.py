@@ -18,6 +18,7 @@ class PortPlan:
     evidence: List[str] = field(default_factory=list)  # where this port was seen
     required: bool = True  # False: seen only in the image's EXPOSE, so it may never be opened
     forward: Optional[str] = None  # ADDR:PORT where a forwarder publishes it (published on another port)
+    traced_port: Optional[int] = None  # as written, a privileged port: where the tracer puts its bind
 
 
 @dataclass
@@ -54,10 +55,12 @@ class ServicePlan:
     restart: str
     depends_on: List[Dict[str, Any]]
     stop_signal: str
+    stop_signal_from: str             # where it comes from: the compose file, the image, the Dockerfile, or Docker's default
     stop_grace_period: float
     ulimits: Dict[str, List[int]]
     writable_tmpfs: bool
     adapter: Optional[str] = None     # the image family whose adapter shaped it
+    check: List[str] = field(default_factory=list)  # its adapter's check: why it would not start (`up` runs it)
     fakeroot: Optional[Dict[str, Any]] = None  # {"ids": N, "without": line}: --fakeroot where ids 0..N map
     warnings: List[str] = field(default_factory=list)
     probe_environment: Dict[str, str] = field(default_factory=dict)  # added for the healthcheck (a password)
