@@ -9,7 +9,7 @@
 cmd_ps() {
     local health pid i rows=() w=() probes=() later=() probing=0 running=()
     declare -A ipid_of=()
-    PS_JSON=0 PS_ROWS=()
+    PS_JSON=0 PS_ROWS=() PS_WAITING=()
     [ "${1:-}" = --format ] && [ "${2:-}" = json ] && PS_JSON=1
     detect_runtime --images-only
     make_dirs "$RUNDIR"
@@ -59,6 +59,7 @@ cmd_ps() {
             echo "PORTS the plan-time knobs'${FALLBACK_REFUSAL+ (fallback/plan.json)} ($ISOLATION_WHY)"
         fi
     fi
+    [ ${#PS_WAITING[@]} -eq 0 ] || printf 'WAIT %s\n' "${PS_WAITING[@]}"  # (not_listening_yet)
     tell_truth WARN "${SERVICES[@]}"  # what they listen on where the plan says otherwise
     relocation_lines "${running[@]}" | sed 's/^/RELOCATED service /'  # what the tracer moved (run/lib/isolation.sh)
     return 0

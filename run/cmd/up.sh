@@ -24,7 +24,8 @@ cmd_up() {
     refuse_untraceable "${names[@]}" || { echo "run.sh: up: nothing was started" >&2; return 1; }
     tell_forwarders "${names[@]}"  # how published ports are served on this node, or who will fail
     for name in "${names[@]}"; do
-        remove_files "$RUNDIR/$name.status" "$RUNDIR/$name.timeline" "$RUNDIR/$name.progress" "$RUNDIR/$name.truth"
+        remove_files "$RUNDIR/$name.status" "$RUNDIR/$name.timeline" "$RUNDIR/$name.progress" "$RUNDIR/$name.truth" \
+            "$RUNDIR/$name.late"
         probe_fakeroot "$name"
     done
     assign_gpus "${names[@]}"
@@ -65,6 +66,7 @@ cmd_up() {
                         echo "--- last 20 log lines of $name ---" >&2
                         log_tail 20 >&2
                         echo "---" >&2
+                        case "$st" in "failed exited"* | *"exited before it"* | *"exited while its"*) explain_silent_exit >&2 ;; esac
                         explain_address_in_use >&2
                         ;;
                 esac

@@ -99,6 +99,11 @@ build_one() {
         build_state "$key" "$ref moved: $FIRST_LINE -> ${want##*@}"
     elif [ -n "$want" ]; then
         build_state "$key" "$ref: no digest kept from an earlier pull: building it again"
+    elif ref=$(registry_tag "$def"); then
+        # the digest the tag names now, kept with the SIF, so that a later `pull` rebuilds only where it
+        # moved (read before the build: a tag moved meanwhile is seen as moved then, never missed)
+        want=$(tag_digest "$ref")
+        [ -n "$want" ] && want="$ref@$want"
     fi
     build_state "$key" "building${flags[*]:+ ${flags[*]}}"
     if ! (umask 077 && mkdir -p "$SIF_CACHE" "$BUILD_CACHE" "$BUILD_TMP") 2>"$log"; then

@@ -164,18 +164,30 @@ endpoints_taken() {
     done < <(endpoint_listeners "${endpoints[@]}")
 }
 
-# Wait until each required endpoint of this service listens, while it runs, for up to $1 s.
-# Prints why not when it fails.
+# Wait until each required endpoint of this service (with $2 = published: and each that a forwarder
+# of its published ports relays to) listens, while it runs, for up to $1 s; once
+# one of them listens, the others get LISTEN_SETTLE_S more (a program opens its sockets together:
+# a port it never opens, a published HTTPS port of a server with HTTPS off, is not waited for to
+# the end). Returns 1 and prints why when it exits first; returns 2 and prints the endpoints that
+# do not listen yet when the wait ends, after how long it waited in seconds ("12 ADDR:PORT...").
+LISTEN_SETTLE_S=10
 wait_listening() {
-    local deadline=$((SECONDS + $1)) missing=() still=() e heard
+    local start=$SECONDS deadline=$((SECONDS + $1)) missing=() still=() e heard i
     required_endpoints
     missing=("${REQUIRED[@]}")
+    for ((i = 1; i < ${#S_FORWARDS[@]}; i += 2)); do
+        [ "${2:-}" = published ] || break
+        [[ " ${missing[*]} " == *" ${S_FORWARDS[i]} "* ]] || missing+=("${S_FORWARDS[i]}")
+    done
     while [ ${#missing[@]} -gt 0 ]; do
         heard=$'\n'$(endpoint_listeners "${missing[@]}")$'\n'
         still=()
         for e in "${missing[@]}"; do
             case "$heard" in *$'\n'"$e "*) ;; *) still+=("$e") ;; esac
         done
+        if [ ${#still[@]} -lt ${#missing[@]} ] && ((SECONDS + LISTEN_SETTLE_S < deadline)); then
+            deadline=$((SECONDS + LISTEN_SETTLE_S))
+        fi
         missing=("${still[@]}")
         [ ${#missing[@]} -eq 0 ] && return 0
         if ! service_running; then
@@ -184,12 +196,61 @@ wait_listening() {
             return 1
         fi
         if ((SECONDS >= deadline)); then
-            echo "does not listen on ${missing[*]} $1 s after it started"
-            return 1
+            echo "$((SECONDS - start)) ${missing[*]}"
+            return 2
         fi
         nap 0.05
     done
     return 0
+}
+
+# The loaded service's endpoints $@ (ADDR:PORT) as the ports it binds, in SERVICE_PORTS
+# ("443, 5001"; a privileged port by its own number, not the one the tracer gives it), each once.
+SERVICE_PORTS=""
+service_ports() {
+    local e port m named=" "
+    SERVICE_PORTS=""
+    for e in "$@"; do
+        port=${e##*:}
+        for m in "${S_PORT_MAP[@]}"; do [ "${m#*:}" = "$port" ] && port=${m%%:*}; done
+        [[ $named == *" $port "* ]] && continue
+        named+="$port "
+        SERVICE_PORTS+=${SERVICE_PORTS:+, }$port
+    done
+}
+
+# For the supervisor: a service that did not listen on all its endpoints when `up` stopped waiting
+# (RUNDIR/NAME.late: when it started, then those endpoints) is watched; once they all listen, one
+# line says so and how long it took, and what it listens on is compared with the plan.
+watch_late() {
+    [ -f "$RUNDIR/$S_NAME.late" ] || return 0
+    local since="" e heard missing=()
+    { IFS= read -r since && mapfile -t missing; } 2>/dev/null <"$RUNDIR/$S_NAME.late"
+    heard=$'\n'$(endpoint_listeners "${missing[@]}")$'\n'
+    for e in "${missing[@]}"; do
+        case "$heard" in *$'\n'"$e "*) ;; *) return 0 ;; esac
+    done
+    remove_files "$RUNDIR/$S_NAME.late"
+    now_seconds
+    printf '%s listening\n' "$NOW_SECONDS" >>"$RUNDIR/$S_NAME.timeline"
+    service_ports "${missing[@]}"
+    note "$S_NAME: listening on $SERVICE_PORTS now, $((${NOW_SECONDS%.*} - ${since:-0})) s after its start"
+    instance_pid
+    record_truth
+}
+
+# For `ps`: the endpoints of the loaded service that `up` found not listening yet and that still
+# do not, in NOT_LISTENING (none where the file is gone: it listened, or it stopped).
+NOT_LISTENING=()
+not_listening_yet() {
+    local e heard missing=()
+    NOT_LISTENING=()
+    [ -f "$RUNDIR/$S_NAME.late" ] || return 0
+    { IFS= read -r _ && mapfile -t missing; } 2>/dev/null <"$RUNDIR/$S_NAME.late"
+    heard=$'\n'$(endpoint_listeners "${missing[@]}")$'\n'
+    for e in "${missing[@]}"; do
+        case "$heard" in *$'\n'"$e "*) ;; *) NOT_LISTENING+=("$e") ;; esac
+    done
 }
 
 # For a log that says "Address already in use" (or nginx's "bind() ... failed (98"): which of

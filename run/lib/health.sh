@@ -128,9 +128,13 @@ probe_when_due() {
 # answer before the service listens, so the first one comes as soon as its required endpoints
 # listen (within the time Compose gives it: the start period, then `retries` intervals).
 wait_healthy() {
-    local started=$SECONDS failures=0 period=${S_HEALTH_START_PERIOD%.*} window reason
+    local started=$SECONDS failures=0 period=${S_HEALTH_START_PERIOD%.*} window reason rc
     window=$((period + S_HEALTH_RETRIES * (${S_HEALTH_INTERVAL%.*} + ${S_HEALTH_TIMEOUT%.*})))
-    reason=$(wait_listening "$window") || { echo "$reason"; return 1; }
+    # its required endpoints within the healthcheck's window (what it publishes is its healthcheck's to judge)
+    reason=$(wait_listening "$window")
+    rc=$?
+    [ "$rc" = 1 ] && { echo "$reason"; return 1; }
+    [ "$rc" = 2 ] && { echo "does not listen on ${reason#* } $window s after it started"; return 1; }
     while :; do
         if ! service_running; then
             exit_code

@@ -102,13 +102,16 @@ choose_isolation() {
     return 0
 }
 
-# The tracer's words for the loaded service: --addr, --dns (the project's DNS server, dns.sh),
-# --record, --peers (and $@ before them). Its
-# published ports are its forwarders' (isolated_endpoints): the service keeps its own address.
+# The tracer's words for the loaded service: --addr, --map (where its privileged ports go, planned
+# by convert: S_PORT_MAP), --dns (the project's DNS server, dns.sh), --record, --peers (and $@
+# before them). Its published ports are its forwarders' (isolated_endpoints): the service keeps
+# its own address.
 TRACER_WORDS=()
 tracer_words() {
-    TRACER_WORDS=("$LOOPBACK_IN" --addr "$S_OWN_ADDRESS" "$@" --dns "$DNS_ENDPOINT" --record "$RECORDS_IN/$S_NAME"
-        --peers "$RECORDS_IN")
+    local m
+    TRACER_WORDS=("$LOOPBACK_IN" --addr "$S_OWN_ADDRESS" "$@")
+    for m in "${S_PORT_MAP[@]}"; do TRACER_WORDS+=(--map "$m"); done
+    TRACER_WORDS+=(--dns "$DNS_ENDPOINT" --record "$RECORDS_IN/$S_NAME" --peers "$RECORDS_IN")
 }
 
 # In intercept mode, the flags that start the loaded service's entry under the tracer (added to
@@ -163,38 +166,25 @@ traced() {
     fi
 }
 
-# Where port $1 of the loaded service went (its record's bind lines), in RELOCATED as ADDR:PORT;
-# fails where it is not recorded (not bound yet, or never relocated to another port).
-RELOCATED=""
-relocated_port() {
-    local kind proto from to
-    RELOCATED=""
-    while read -r kind proto from to; do
-        if [ "$kind" != bind ] || [ "${from##*:}" != "$1" ] || [ "${proto%v6}" != TCP ]; then continue; fi
-        to=${to#[} to=${to/]/} to=${to#::ffff:}
-        RELOCATED=$to
-        return 0
-    done 2>/dev/null <"$RUNDIR/loopback/$S_NAME"
-    return 1
-}
-
 # Where the tracer puts a bind of the loaded service to $1 (ADDR:PORT), in ISOLATED: a loopback
-# or wildcard address becomes its own, a privileged port where its record says it went; fails
-# for a privileged port not recorded yet. Other addresses are left alone, as by the tracer.
+# or wildcard address becomes its own, a privileged port goes where S_PORT_MAP says (known before
+# the bind happens, so that its forwarders run from the start). Other addresses are left alone,
+# as by the tracer.
 ISOLATED=""
 isolated_endpoint() {
-    local port=${1##*:}
+    local port=${1##*:} m
     ISOLATED=$1
     case "${1%:*}" in 0.0.0.0 | :: | 127.0.0.1 | "$S_OWN_ADDRESS") ;; *) return 0 ;; esac
     ISOLATED="$S_OWN_ADDRESS:$port"
     ((port < 1024)) || return 0
-    relocated_port "$port" || return 1
-    ISOLATED=$RELOCATED
+    for m in "${S_PORT_MAP[@]}"; do
+        [ "${m%%:*}" = "$port" ] && ISOLATED="$S_OWN_ADDRESS:${m#*:}"
+    done
+    return 0
 }
 
 # Called by load_service: in intercept mode the service's endpoints and forwarder targets are
-# where the tracer puts them (isolated_endpoint); a privileged endpoint not recorded yet is not
-# waited for (the forwarders wait for theirs: wait_relocated).
+# where the tracer puts them (isolated_endpoint).
 isolated_endpoints() {
     [ -n "$ISOLATION" ] || isolation_mode
     local i e optional pairs=() at a
@@ -211,7 +201,7 @@ isolated_endpoints() {
     for i in "${!S_ENDPOINTS[@]}"; do
         e=${S_ENDPOINTS[i]} optional=""
         [ "${e%\?}" != "$e" ] && optional="?" e=${e%\?}
-        isolated_endpoint "$e" || optional="?"
+        isolated_endpoint "$e"
         S_ENDPOINTS[i]=$ISOLATED$optional
     done
     for ((i = 0; i < ${#S_FORWARDS[@]}; i += 2)); do
@@ -227,36 +217,6 @@ isolated_endpoints() {
         esac
     done
     S_FORWARDS=("${pairs[@]}")
-}
-
-# Wait until the loaded service's record says where each privileged port its forwarders relay to
-# went, and it listens there (a bind is recorded as it returns, before the program's listen), for
-# up to $1 s. Prints why not. (It runs in a command substitution: the caller then reads the record
-# into the service's targets, isolated_endpoints, before its forwarders start.)
-wait_relocated() {
-    traced_service || return 0
-    local deadline=$((SECONDS + $1)) i port missing
-    while :; do
-        missing=""
-        for ((i = 1; i < ${#S_FORWARDS[@]}; i += 2)); do
-            port=${S_FORWARDS[i]##*:}
-            ((port < 1024)) || continue
-            if ! isolated_endpoint "${S_FORWARDS[i]}" || [ -z "$(endpoint_listeners "$ISOLATED")" ]; then
-                missing+=" $port"
-            fi
-        done
-        [ -z "$missing" ] && return 0
-        if ! service_running; then
-            exit_code
-            echo "exited before it bound its published port(s)$missing (exit code $EXIT_CODE)"
-            return 1
-        fi
-        if ((SECONDS >= deadline)); then
-            echo "did not bind and listen on its published port(s)$missing $1 s after it started"
-            return 1
-        fi
-        nap 0.1
-    done
 }
 
 # The relocations `ps` shows: each service's bind and park lines, as "NAME: LINE".

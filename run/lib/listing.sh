@@ -22,8 +22,9 @@ human_duration() {
 # index) of PS_ROWS, a JSON object, or 6 table cells from 6 * $1 on. Files read without a child.
 # A port published through a forwarder shows as LISTEN->TARGET; the lines record_truth left (what
 # it listens on where the plan says otherwise) are its "warnings" (the table's notes, cmd_ps).
-# A service whose status says it runs while no instance is left goes to STALE_KILLED (tell_stale).
-PS_JSON=0 PS_ROWS=()
+# A service whose status says it runs while no instance is left goes to STALE_KILLED (tell_stale);
+# one that `up` found not listening yet on some of its ports, and still does not, to PS_WAITING.
+PS_JSON=0 PS_ROWS=() PS_WAITING=()
 ps_row() {
     local i=$1 st=$2 health=$3 status="" rc="" e k ports="" addresses="" quoted="" forwards="" truth="" cells=() row
     { IFS= read -r status || true; } 2>/dev/null <"$RUNDIR/$S_NAME.status"
@@ -63,6 +64,9 @@ ps_row() {
         json_str "$e"
         quoted+=${quoted:+,}$JSON_STR
     done
+    NOT_LISTENING=() SERVICE_PORTS=""
+    [ "$st" = running ] && not_listening_yet && service_ports "${NOT_LISTENING[@]}"
+    [ -n "$SERVICE_PORTS" ] && PS_WAITING+=("service $S_NAME: started, not listening yet on $SERVICE_PORTS")
     while IFS= read -r e; do  # what it really listens on, where the plan says otherwise (record_truth)
         json_str "$e"
         truth+=${truth:+,}$JSON_STR
@@ -70,8 +74,9 @@ ps_row() {
     if [ "$PS_JSON" = 1 ]; then
         case "$rc" in '' | *[!0-9-]*) rc=null ;; esac
         for e in "$S_NAME" "$S_INSTANCE" "$st" "$health" "$DURATION"; do json_str "$e"; cells+=("$JSON_STR"); done
-        printf -v row '{"service":%s,"instance":%s,"state":%s,"exit_code":%s,"health":%s,"ports":[%s],"endpoints":[%s],"published":[%s],"warnings":[%s],"uptime":%s,"uptime_seconds":%s}' \
-            "${cells[0]}" "${cells[1]}" "${cells[2]}" "$rc" "${cells[3]}" "$ports" "$quoted" "$forwards" "$truth" "${cells[4]}" "${UPTIME_S:-null}"
+        printf -v row '{"service":%s,"instance":%s,"state":%s,"exit_code":%s,"health":%s,"ports":[%s],"endpoints":[%s],"published":[%s],"not_listening":[%s],"warnings":[%s],"uptime":%s,"uptime_seconds":%s}' \
+            "${cells[0]}" "${cells[1]}" "${cells[2]}" "$rc" "${cells[3]}" "$ports" "$quoted" "$forwards" \
+            "${SERVICE_PORTS//, /,}" "$truth" "${cells[4]}" "${UPTIME_S:-null}"
         PS_ROWS[i]=$row
     else
         [ "$st" = exited ] && [ -n "$rc" ] && st="exited($rc)"  # killed: no code was written

@@ -117,6 +117,12 @@ prepare_dirs() {
         abs "${S_FILLS[i]}"
         fill_volume "$ABS" "${S_FILLS[i + 1]}" || return 1
     done
+    # a scratch directory (emptied above) gets what the image has at its target, links to /dev/stdout
+    # among them, where the SIF can be read straight (no container started for it); else it stays empty
+    for ((i = 0; i < ${#S_KEEPS[@]}; i += 2)); do
+        abs "${S_KEEPS[i]}"
+        unsquash_into "$ABS" "${S_KEEPS[i + 1]}" || true
+    done
     for ((i = 0; i < ${#S_MOUNT_POINTS[@]}; i += 2)); do
         abs "${S_MOUNT_POINTS[i]}"
         point=$ABS
@@ -216,10 +222,11 @@ RELEASE_AFTER_START=0
 # ("failed REASON" when it did not), its progress line what it is doing. With $2 = restart (a
 # restart, by hand or by the supervisor) its dependencies are not waited for, as in Compose.
 start_service() {
-    local name=$1 reason held i already=0
+    local name=$1 reason held i already=0 rc late=()
     load_service "$name"
     [ "${2:-}" = restart ] && S_DEPENDS=()
-    remove_files "$RUNDIR/$name.logs"  # until it starts, the logs there are an earlier run's
+    # until it starts, the logs there are an earlier run's; whether it listens is this start's to say
+    remove_files "$RUNDIR/$name.logs" "$RUNDIR/$name.late"
     # (each wait below runs in a command substitution, a child process, only where there is
     # something to wait for)
     if [ ${#S_DEPENDS[@]} -gt 0 ]; then
@@ -249,7 +256,7 @@ start_service() {
                 return 1
             fi
         fi
-        if [ $((${#S_EMPTY[@]} + ${#S_MKDIRS[@]} + ${#S_FILLS[@]} + ${#S_MOUNT_POINTS[@]})) -gt 0 ] &&
+        if [ $((${#S_EMPTY[@]} + ${#S_MKDIRS[@]} + ${#S_FILLS[@]} + ${#S_KEEPS[@]} + ${#S_MOUNT_POINTS[@]})) -gt 0 ] &&
             ! reason=$(prepare_dirs); then
             set_status "$name" "failed $reason"
             return 1
@@ -292,15 +299,11 @@ start_service() {
             return 1
         fi
     fi
-    # (a privileged port's forwarder relays to where the tracer put it: run/lib/isolation.sh)
-    if [ ${#S_FORWARDS[@]} -gt 0 ]; then
-        reason=$(wait_relocated "${C2S_LISTEN_TIMEOUT:-60}") || { set_status "$name" "failed $reason"; return 1; }
-    fi
-    isolated_endpoints  # the record now says where each went (run/lib/isolation.sh)
+    # its forwarders from the start, as Docker publishes a port whether or not anything listens there
+    # (a privileged port's forwarder relays to where the tracer will put it: run/lib/isolation.sh)
     if [ ${#S_FORWARDS[@]} -gt 0 ]; then
         reason=$(start_forwarders) || { set_status "$name" "failed $reason"; return 1; }  # (run/lib/forward.sh)
     fi
-    required_endpoints  # (where they went)
     set_status "$name" started
     if [ ${#S_HEALTH[@]} -gt 0 ]; then
         progress "$name" "waiting for health"
@@ -310,13 +313,52 @@ start_service() {
         fi
         set_status "$name" healthy
         progress "$name" healthy
-    elif [ ${#REQUIRED[@]} -gt 0 ] && ! reason=$(wait_listening "${C2S_LISTEN_TIMEOUT:-60}"); then
-        set_status "$name" "failed $reason"
-        return 1
+    elif [ $((${#REQUIRED[@]} + ${#S_FORWARDS[@]})) -gt 0 ]; then
+        # no healthcheck: started, as Compose has it; a service that exits meanwhile has failed, one
+        # that is slow to listen, or never opens a port it publishes, has not (the supervisor
+        # watches it: watch_late)
+        reason=$(wait_listening "${C2S_LISTEN_TIMEOUT:-60}" published)
+        rc=$?
+        if [ "$rc" = 1 ]; then
+            set_status "$name" "failed $reason"
+            return 1
+        elif [ "$rc" = 2 ]; then
+            read -r -a late <<<"$reason"
+            now_seconds
+            write_lines "$RUNDIR/$name.late" "$((${NOW_SECONDS%.*} - late[0]))" "${late[@]:1}"
+            service_ports "${late[@]:1}"
+            progress "$name" "started, not listening yet on $SERVICE_PORTS (waited ${late[0]} s; it is watched, and C2S_LISTEN_TIMEOUT=SECONDS waits longer)"
+            return 0
+        fi
+        [ "$already" = 0 ] && progress "$name" running
     elif [ "$already" = 0 ]; then
         progress "$name" running
     fi
     record_truth  # what it really listens on, against the plan (run/lib/endpoints.sh)
+    return 0
+}
+
+# For a service that failed with nothing in its output (squid writes why into cache.log): the last
+# lines of what it wrote into its scratch directories and tmpfs mounts at this start, and what its
+# adapter's check (S_CHECK, `squid -k parse`) says in its image with its binds.
+explain_silent_exit() {
+    local d f shown=0
+    [ -n "$(log_tail 20)" ] && return 0
+    echo "run.sh: service $S_NAME said nothing on its output"
+    for d in "${S_EMPTY[@]}"; do
+        abs "$d"
+        while IFS= read -r f; do
+            ((shown < 3)) || break
+            shown=$((shown + 1))
+            echo "--- last 10 lines of $f (written at this start) ---"
+            tail -n 10 -- "$f"
+        done < <(find "$ABS" -type f -newer "$RUNDIR/$S_NAME.logs" -size +0 2>/dev/null)
+    done
+    if [ ${#S_CHECK[@]} -gt 0 ] && [ -f "$S_SIF" ]; then
+        runtime_flags
+        echo "--- ${S_CHECK[*]} in its image ---"
+        "$RT" exec "${START_FLAGS[@]}" "$S_SIF" "${S_CHECK[@]}" 2>&1 | grep -v '^INFO' | tail -n 20
+    fi
     return 0
 }
 

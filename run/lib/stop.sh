@@ -61,7 +61,7 @@ stop_services() {
         load_service "$name"
         : >"$RUNDIR/$name.stopped"
         stop_forwarders "$name"  # (also where its instance is gone)
-        remove_files "$RUNDIR/$name.truth"
+        remove_files "$RUNDIR/$name.truth" "$RUNDIR/$name.late"
         forwarders+=("${FORWARDERS_ENDED[@]}")
         instance_pid
         [ -n "$IPID" ] || continue

@@ -1,11 +1,13 @@
 # ---- run/lib/supervise.sh: restart policies and healthchecks while services run ------------------
 
-# A supervisor keeps restart policies, and probes healthchecks on their schedule (see probe_when_due).
+# A supervisor keeps restart policies, probes healthchecks on their schedule (see probe_when_due),
+# and watches a service that `up` found not listening yet (watch_late).
 needs_supervisor() {
     local name
     while read -r name; do
         load_service "$name"
-        [ "$S_ONESHOT" = 0 ] && { [ "$S_RESTART" != no ] || [ ${#S_HEALTH[@]} -gt 0 ]; } && return 0
+        [ "$S_ONESHOT" = 0 ] && { [ "$S_RESTART" != no ] || [ ${#S_HEALTH[@]} -gt 0 ] || [ -f "$RUNDIR/$name.late" ]; } &&
+            return 0
     done <"$RUNDIR/supervised"
     return 1
 }
@@ -36,7 +38,7 @@ supervise() {
             load_service "$name"
             [ "$S_ONESHOT" = 1 ] && continue
             [ -f "$RUNDIR/$name.stopped" ] && continue
-            service_running && { probe_when_due; continue; }
+            service_running && { probe_when_due; watch_late; continue; }
             exit_code
             rc=$EXIT_CODE
             case "$S_RESTART" in
