@@ -297,54 +297,61 @@ def test_up_refuses_a_service_only_a_loopback_of_its_own_runs_where_it_would_run
     assert (proc.stdout, proc.stderr) == ("rc=0\n", "")
 
 
-def test_a_start_forgets_where_the_last_run_put_a_privileged_port(project):
-    """The last run's record must not decide where this run's forwarder relays: once the record is
-    emptied before the entry starts, the target is unknown again until the new run records it."""
+def test_a_privileged_port_goes_where_the_plan_says_whatever_an_earlier_run_recorded(project):
+    """convert gives each privileged port of a service its place on the block's top half (the
+    tracer's --map): its forwarders relay there from the start, before the bind, and a record an
+    earlier run left does not move them."""
     tmp_path, published, _ = project
     intercept(tmp_path)
     own = run_lib(tmp_path, 'load_service zlow && echo "$S_OWN_ADDRESS"').stdout.strip()
     (tmp_path / "out" / "state" / "run" / "loopback" / "zlow").write_text(f"bind TCP 0.0.0.0:80 {own}:24077\n")
-    proc = run_lib(tmp_path, 'load_service zlow && echo "${S_FORWARDS[*]}" && clear_record && echo "${S_FORWARDS[*]}"')
-    assert proc.stdout.splitlines() == [node_pairs(tmp_path, published + 2, f"{own}:24077"),
-                                        node_pairs(tmp_path, published + 2, f"{own}:80")]
+    proc = run_lib(tmp_path, 'load_service zlow && echo "${S_FORWARDS[*]}" && clear_record && echo "${S_FORWARDS[*]}" '
+                             '&& echo "${S_ENDPOINTS[*]}" && tracer_words && echo "${TRACER_WORDS[*]}"')
+    assert proc.returncode == 0, proc.stderr
+    before, after, endpoints, words = proc.stdout.splitlines()
+    assert before == after == node_pairs(tmp_path, published + 2, f"{own}:24050")
+    assert endpoints == f"{own}:24050?"  # (only published: it may never be opened)
+    assert " --map 80:24050 " in f" {words} "
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    zlow = next(s for s in plan["services"] if s["name"] == "zlow")
+    assert [(p["container"], p["traced_port"]) for p in zlow["ports"]] == [(80, 24050)]
 
 
-def test_ports_are_published_from_where_the_tracer_put_them(project):
-    """The stand-in server binds 0.0.0.0:8000 and 0.0.0.0:80 under the real tracer (as the
-    service's entry would); run.sh reads the record: the endpoint, the forwarder's target, where a
-    privileged port went, ps's lines."""
+def test_a_published_privileged_port_is_served_from_before_its_bind_to_after_it(project):
+    """Forwarders start before the service binds (Docker publishes a port whether or not anything
+    listens): a connection then is closed, not refused for good. The stand-in server then binds
+    0.0.0.0:80 (planned: --map 80:24050) and 0.0.0.0:81 (unplanned: the block's next free port)
+    under the real tracer with the words its entry gets, and the same forwarders serve it."""
     tmp_path, published, started = project
     intercept(tmp_path)
-    own = f"{BLOCK}.3"
-    record = tmp_path / "out" / "state" / "run" / "loopback" / "web"
+    own = run_lib(tmp_path, 'load_service zlow && echo "$S_OWN_ADDRESS"').stdout.strip()
+    proc = run_lib(tmp_path, 'load_service zlow && service_running() { true; } && start_forwarders')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    started_forwarders = (tmp_path / "out" / "state" / "run" / "zlow.forward").read_text()
+    with socket.create_connection(("127.0.0.1", published + 2), timeout=10) as early:
+        early.settimeout(10)
+        assert early.recv(1) == b""  # closed: nothing listens behind it yet
+    words = run_lib(tmp_path, 'load_service zlow && tracer_words --block "$LOOPBACK_BLOCK" && '
+                              'printf "%s\\n" "${TRACER_WORDS[@]}"').stdout.splitlines()
+    record = tmp_path / "out" / "state" / "run" / "loopback" / "zlow"
+    words = [str(tmp_path / "out" / "bin" / "x86_64" / "c2s-loopback")] + [
+        str(record) if w == "/.c2s/records/zlow" else str(record.parent) if w == "/.c2s/records" else w
+        for w in words[1:]]
     code = ("import http.server as h, threading; s = [h.HTTPServer(('0.0.0.0', p), h.SimpleHTTPRequestHandler) "
-            "for p in (80, 8000)]; threading.Thread(target=s[0].serve_forever).start(); s[1].serve_forever()")
-    proc = subprocess.Popen([str(tmp_path / "out" / "bin" / "x86_64" / "c2s-loopback"), "--addr", own, "--block", "24050-24099",
-                             "--record", str(record), "--peers", str(record.parent), "--",
-                             "python3", "-c", code, "c2s-standin-web"],
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            cwd=tmp_path)
+            "for p in (81, 80)]; threading.Thread(target=s[0].serve_forever).start(); s[1].serve_forever()")
+    proc = subprocess.Popen(words + ["--", "python3", "-c", code, "c2s-standin-zlow"],
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     started.append(proc)
-    script = ('load_service web && service_running() { true; } && wait_relocated 10 && isolated_endpoints && '
-              'echo "${S_ENDPOINTS[*]}|${S_FORWARDS[*]}" && '
-              # both binds recorded (the second, 8000, may come a moment after the first on a loaded machine)
-              'until [ "$(grep -c "^bind " "$RUNDIR/loopback/web" 2>/dev/null)" -ge 2 ]; do nap 0.1; done && '
-              'until isolated_endpoint 0.0.0.0:80; do nap 0.1; done && echo "$ISOLATED" && '
-              'start_forwarders && relocation_lines web')
-    result = run_lib(tmp_path, script)
-    assert result.returncode == 0, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
-    endpoints, forwards = lines[0].split("|")
-    assert endpoints == f"{own}:8000?"  # planned 0.0.0.0:8000 (it cannot be told), bound on its own address
-    assert forwards == node_pairs(tmp_path, published, f"{own}:8000")
-    assert lines[1] == f"{own}:24050"  # 80 went to the first port of the block's top half
-    assert sorted(lines[2:]) == [f"web: bind TCP 0.0.0.0:80 {own}:24050", f"web: bind TCP 0.0.0.0:8000 {own}:8000"]
-    for _ in range(50):  # (until the stand-in listens on 8000 too)
+    for _ in range(100):
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{published}/", timeout=10) as answer:
+            with urllib.request.urlopen(f"http://127.0.0.1:{published + 2}/", timeout=10) as answer:
                 assert answer.status == 200
                 break
         except OSError:
             time.sleep(0.1)
     else:
-        raise AssertionError(f"nothing answered on the published port {published}")
+        raise AssertionError(f"nothing answered on the published port {published + 2}")
+    lines = run_lib(tmp_path, "isolation_mode; relocation_lines zlow").stdout.splitlines()
+    assert sorted(lines) == [f"zlow: bind TCP 0.0.0.0:80 {own}:24050", f"zlow: bind TCP 0.0.0.0:81 {own}:24051"]
+    assert (tmp_path / "out" / "state" / "run" / "zlow.forward").read_text() == started_forwarders
+    run_lib(tmp_path, "stop_forwarders zlow")

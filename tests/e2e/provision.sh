@@ -222,7 +222,7 @@ CONF
 for recipe in "$here"/images/*.image; do
     name=$(basename "$recipe" .image)
     done_marker="$dir/oci/.$name.$(image_key "$name").done"
-    [ -f "$done_marker" ] && continue
+    [ -f "$done_marker" ] && [ -s "$dir/oci/$name.packages" ] && continue
     PACKAGES="" ENTRYPOINT=() CMD=() ENV=() WORKDIR="" FILES=() POST="" PIP=""
     # shellcheck disable=SC1090
     . "$recipe"
@@ -251,6 +251,9 @@ for recipe in "$here"/images/*.image; do
         install -D -m 0755 "$here/images/${f%%:*}" "$rootfs/${f#*:}"
     done
     [ -z "$POST" ] || chroot "$rootfs" sh -c "$POST"
+    # what it was built from: Debian moves under the tests (sid), so each image's package versions are kept
+    # beside it and printed below
+    chroot "$rootfs" dpkg-query -W -f '${Package} ${Version}\n' >"$dir/oci/$name.packages"
     rm -f "$rootfs/.done" "$rootfs/usr/sbin/policy-rc.d"
     layout="$dir/oci"
     [ -d "$layout" ] || umoci init --layout "$layout"
@@ -269,6 +272,15 @@ for recipe in "$here"/images/*.image; do
     touch "$done_marker"
 done
 
+for recipe in "$here"/images/*.image; do  # one line each: the versions of the packages its recipe names
+    name=$(basename "$recipe" .image)
+    PACKAGES=""
+    # shellcheck disable=SC1090
+    . "$recipe"
+    versions=""
+    for p in ${PACKAGES//,/ }; do versions+=" $(awk -v p="$p" '$1 == p { print p "=" $2 }' "$dir/oci/$name.packages")"; done
+    log "image $name built from Debian sid:${versions:- (no packages of its own)} (all: $dir/oci/$name.packages)"
+done
 log "pushing images to the registry"
 docker-registry serve "$dir/registry.yml" >"$dir/registry.log" 2>&1 &
 registry_pid=$!

@@ -53,7 +53,8 @@ def _one_image_stack(node, name: str, service: str) -> str:
 def test_build_progress_storage_off_home_and_pull_of_a_moved_tag(node):
     """`build` prints a plain line per image state when stderr is no terminal; SIFs, the runtime's
     layer cache and the build space go to the scratch directory, nothing to ~/.cache or
-    ~/.apptainer/cache; `build --pull` and `pull` build again an image whose tag moved, and only then."""
+    ~/.apptainer/cache; `build` keeps the digest it pulled, so that `build --pull` and `pull` build again an image whose tag
+moved, and only then."""
     tag = "c2s/moving:test"
     _push(node, "redis", tag)
     node.run("cd ~ && rm -rf .cache .apptainer/cache /scratch/hpc/compose2sif", check=True)
@@ -73,14 +74,16 @@ def test_build_progress_storage_off_home_and_pull_of_a_moved_tag(node):
     sif = node.home / "moving-out" / "sif" / f"{key}.sif"
     assert sif.stat().st_ino == next((store / "sif").glob("*.sif")).stat().st_ino  # a link, not a copy
 
-    # --pull: no digest kept from a pull yet, so built again once; then the tag has not moved
-    proc = node.c2s("-f moving-stack/compose.yaml build --pull -o moving-out", timeout=900)
-    assert proc.returncode == 0 and f"image {key}: built" in proc.stderr, proc.stderr
-    assert "no digest kept from an earlier pull" in proc.stderr
+    # the build kept the digest it pulled: `pull`, `build --pull` (also through compose2sif) build nothing
     first = sif.stat().st_ino
-    proc = node.run("cd ~ && moving-out/run.sh build --pull", timeout=600)
+    assert (node.home / "moving-out" / "sif" / f"{key}.sif.source").read_text().startswith(f"{node.registry}/{tag}@sha256:")
+    for command in ("moving-out/run.sh pull", "moving-out/run.sh build --pull"):
+        proc = node.run(f"cd ~ && {command}", timeout=600)
+        assert proc.returncode == 0 and f"image {key}: up to date" in proc.stderr, proc.stderr
+        assert "building" not in proc.stderr and "no digest kept" not in proc.stderr
+    proc = node.c2s("-f moving-stack/compose.yaml build --pull -o moving-out", timeout=900)
     assert proc.returncode == 0 and f"image {key}: up to date" in proc.stderr, proc.stderr
-    assert "building" not in proc.stderr
+    assert sif.stat().st_ino == first
 
     _push(node, "squid", tag)  # the tag moves to another image
     proc = node.run("cd ~ && moving-out/run.sh pull", timeout=900)

@@ -9,6 +9,7 @@ DIFY_AGENT_SERVER_SECRET_KEY is unpadded base64url of exactly 32 bytes (tests/e2
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ SQUID_TEMPLATE_STANDIN = (TESTS / "standins" / "dify-squid.conf.template").read_
 pytestmark = pytest.mark.e2e
 
 OUT = "out-dify"
-FRONT = 18095
+FRONT, FRONT_TLS = 18095, 18096
 ALLOWED, DENIED = "127.77.0.1", "127.77.0.2"   # two private hosts: one on the SSRF allow-list
 
 
@@ -59,6 +60,30 @@ def plan(node):
 def test_up_prints_the_way_in(front):
     _, proc = front
     assert f":{FRONT}/install" in proc.stderr and "ssh -N -L" in proc.stderr
+
+
+def test_https_published_with_https_off_is_served_as_docker_serves_it(front):
+    """Dify's default .env publishes 443 with HTTPS off: nginx never listens there. Its forwarders
+    run all the same (a connection is closed), `up` says so once, and 80 answers (the tests below)."""
+    node, proc = front
+    said = [line for line in proc.stderr.splitlines() if "not listening yet" in line]
+    assert len(said) == 1 and "nginx: started, not listening yet on 443" in said[0], proc.stderr
+    closed = node.run(f"curl -sS -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{FRONT_TLS}/", timeout=60)
+    assert closed.returncode != 0 and closed.stdout == "000", closed.stdout + closed.stderr
+
+
+def test_nginx_logs_each_request_through_its_images_links_to_stdout(front):
+    """The image links /var/log/nginx/access.log to /dev/stdout, as the official one does; the
+    scratch directory bound there keeps the link, so `logs nginx` shows the requests."""
+    node, _ = front
+    assert node.run(f"curl -fsS -o /dev/null http://127.0.0.1:{FRONT}/console/api/setup?c2s-log-probe=1",
+                    timeout=60).returncode == 0
+    for _ in range(50):
+        logs = node.run(f"cd ~ && {OUT}/run.sh logs nginx").stdout
+        if "c2s-log-probe=1" in logs:
+            break
+        time.sleep(0.2)
+    assert "GET /console/api/setup?c2s-log-probe=1" in logs, logs[-2000:]
 
 
 def test_rendered_nginx_config_is_valid_and_each_location_reaches_its_upstream(front):

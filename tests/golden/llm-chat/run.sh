@@ -8,7 +8,9 @@
 #   ./run.sh pull [SERVICE...]     fetch again the images run from a registry whose tag moved
 #   ./run.sh up [-d] [SERVICE...]  start services (and what they depend on) in dependency order;
 #                                  without -d, stay in the foreground, keep restart policies, and
-#                                  stop everything on SIGTERM/SIGINT (the end of a batch job)
+#                                  stop everything on SIGTERM/SIGINT (the end of a batch job);
+#                                  C2S_LISTEN_TIMEOUT=SECONDS (60): the wait for a service with no
+#                                  healthcheck to listen (a slower one is watched, not failed)
 #   ./run.sh down [-v]             stop every instance; -v also deletes the named volumes
 #   ./run.sh ps [--format json]    state, health, address:port and uptime of each service
 #   ./run.sh logs [-f] SERVICE     the service's output
@@ -68,13 +70,16 @@ svc_0_db() {
     S_BINDS=(state/services/db/scratch/tmp:/tmp state/services/db/scratch/var_run_postgresql:/var/run/postgresql state/volumes/pgdata:/var/lib/postgresql/data)
     S_MKDIRS=(state/services/db/scratch/tmp state/services/db/scratch/var_run_postgresql state/volumes/pgdata)
     S_FILLS=(state/volumes/pgdata /var/lib/postgresql/data)
+    S_KEEPS=(state/services/db/scratch/tmp /tmp state/services/db/scratch/var_run_postgresql /var/run/postgresql)
     S_MOUNT_POINTS=()
     S_HOST_PATHS=()
     S_SOCKETS=()
     S_EMPTY=(state/services/db/scratch/tmp state/services/db/scratch/var_run_postgresql)
     S_ENDPOINTS=(127.45.3.3:5432)
     S_FORWARDS=()
+    S_PORT_MAP=()
     S_HEALTH=(CMD-SHELL 'pg_isready -U ${POSTGRES_USER} -d ${POSTGRES_DB}')
+    S_CHECK=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=5.0 S_HEALTH_TIMEOUT=5.0 S_HEALTH_RETRIES=10
     S_HEALTH_START_PERIOD=0.0 S_HEALTH_START_INTERVAL=5.0
@@ -105,12 +110,15 @@ svc_1_llm() {
     S_BINDS=(<PROJECT>/models:/models:ro state/services/llm/tmpfs/tmp:/tmp)
     S_MKDIRS=(<PROJECT>/models state/services/llm/tmpfs/tmp)
     S_FILLS=()
+    S_KEEPS=()
     S_MOUNT_POINTS=()
     S_HOST_PATHS=()
     S_SOCKETS=()
     S_EMPTY=(state/services/llm/tmpfs/tmp)
     S_ENDPOINTS=(127.45.3.4:8000)
     S_FORWARDS=()
+    S_PORT_MAP=()
+    S_CHECK=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=3
     S_HEALTH_START_PERIOD=600.0 S_HEALTH_START_INTERVAL=5.0
@@ -143,13 +151,16 @@ svc_2_redis() {
     S_BINDS=(state/volumes/redisdata:/data state/services/redis/scratch/tmp:/tmp config/redis/redis/compose2sif.conf:/etc/compose2sif/redis.conf:ro)
     S_MKDIRS=(state/volumes/redisdata state/services/redis/scratch/tmp)
     S_FILLS=(state/volumes/redisdata /data)
+    S_KEEPS=(state/services/redis/scratch/tmp /tmp)
     S_MOUNT_POINTS=()
     S_HOST_PATHS=()
     S_SOCKETS=()
     S_EMPTY=(state/services/redis/scratch/tmp)
     S_ENDPOINTS=(127.45.3.6:6379)
     S_FORWARDS=()
+    S_PORT_MAP=()
     S_HEALTH=(CMD redis-cli -h 127.45.3.6 ping)
+    S_CHECK=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=3
     S_HEALTH_START_PERIOD=0.0 S_HEALTH_START_INTERVAL=5.0
@@ -180,13 +191,16 @@ svc_3_api() {
     S_BINDS=(state/services/api/scratch/tmp:/tmp state/volumes/uploads:/app/uploads)
     S_MKDIRS=(state/services/api/scratch/tmp state/volumes/uploads)
     S_FILLS=(state/volumes/uploads /app/uploads)
+    S_KEEPS=(state/services/api/scratch/tmp /tmp)
     S_MOUNT_POINTS=()
     S_HOST_PATHS=()
     S_SOCKETS=()
     S_EMPTY=(state/services/api/scratch/tmp)
     S_ENDPOINTS=(127.45.3.2:8000)
     S_FORWARDS=()
+    S_PORT_MAP=()
     S_HEALTH=()
+    S_CHECK=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
     S_STOP_SIGNAL=SIGTERM
@@ -216,12 +230,15 @@ svc_4_web() {
     S_BINDS=(state/services/web/scratch/tmp:/tmp)
     S_MKDIRS=(state/services/web/scratch/tmp)
     S_FILLS=()
+    S_KEEPS=(state/services/web/scratch/tmp /tmp)
     S_MOUNT_POINTS=()
     S_HOST_PATHS=()
     S_SOCKETS=()
     S_EMPTY=(state/services/web/scratch/tmp)
     S_ENDPOINTS=(127.45.3.7:3000)
     S_FORWARDS=()
+    S_PORT_MAP=()
+    S_CHECK=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=10.0 S_HEALTH_TIMEOUT=3.0 S_HEALTH_RETRIES=5
     S_HEALTH_START_PERIOD=20.0 S_HEALTH_START_INTERVAL=5.0
@@ -253,11 +270,13 @@ svc_5_proxy() {
     S_DEPENDS=(web:service_healthy)
     S_MKDIRS=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)
     S_FILLS=()
+    S_KEEPS=(state/services/proxy/scratch/run /run state/services/proxy/scratch/tmp /tmp state/services/proxy/scratch/var_run /var/run state/services/proxy/scratch/var_cache_nginx /var/cache/nginx state/services/proxy/scratch/var_log_nginx /var/log/nginx state/services/proxy/scratch/var_lib_nginx /var/lib/nginx)
     S_MOUNT_POINTS=()
     S_HOST_PATHS=()
     S_SOCKETS=()
     S_EMPTY=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)
     S_HEALTH=()
+    S_CHECK=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30 S_HEALTH_TIMEOUT=30 S_HEALTH_RETRIES=3 S_HEALTH_START_PERIOD=0 S_HEALTH_START_INTERVAL=5
     S_STOP_SIGNAL=SIGTERM
@@ -267,11 +286,13 @@ svc_5_proxy() {
         S_BINDS=(state/services/proxy/scratch/run:/run state/services/proxy/scratch/tmp:/tmp state/services/proxy/scratch/var_run:/var/run state/services/proxy/scratch/var_cache_nginx:/var/cache/nginx state/services/proxy/scratch/var_log_nginx:/var/log/nginx state/services/proxy/scratch/var_lib_nginx:/var/lib/nginx config/proxy/root/etc/nginx/conf.d:/etc/nginx/conf.d:ro)
         S_ENDPOINTS=('127.45.3.5:80?' '127.45.3.5:443?')
         S_FORWARDS=(0.0.0.0:8080 127.45.3.5:80)
+        S_PORT_MAP=(80:30050 443:30051)
     else
         S_ENV="$HERE/fallback/env/proxy.env"
         S_BINDS=(state/services/proxy/scratch/run:/run state/services/proxy/scratch/tmp:/tmp state/services/proxy/scratch/var_run:/var/run state/services/proxy/scratch/var_cache_nginx:/var/cache/nginx state/services/proxy/scratch/var_log_nginx:/var/log/nginx state/services/proxy/scratch/var_lib_nginx:/var/lib/nginx fallback/config/proxy/root/etc/nginx/conf.d:/etc/nginx/conf.d:ro)
         S_ENDPOINTS=('127.45.3.5:30000?' '127.45.3.5:30001?')
         S_FORWARDS=(0.0.0.0:8080 127.45.3.5:30000)
+        S_PORT_MAP=()
     fi
 }
 
