@@ -107,3 +107,17 @@ def test_up_restart_exec_and_logs_take_the_services_name(replicated):
     listing(tmp_path, **{f"v-worker-{i}": {"pid": 1} for i in (1, 2, 3)})
     proc = run_verb(tmp_path, "logs", "cmd_logs", "worker")
     assert sorted(proc.stdout.splitlines()) == [f"worker-{i} | hello from {i}" for i in (1, 2, 3)], proc.stderr
+
+
+def test_an_image_source_given_for_a_service_is_every_replicas(tmp_path):
+    """--image-source worker=sif:PATH: worker-1..3 all start from that SIF (issue 44), none from the
+    registry; a source named for one replica is that replica's alone."""
+    (tmp_path / "compose.yaml").write_text(COMPOSE)
+    sif = tmp_path / "worker.sif"
+    sif.write_text("")
+    project = load_project(ProjectOptions(cwd=str(tmp_path), environ={"HOME": "/home/user"}))
+    plan = build_plan(project, PlanOptions(port_base=30000, address_block="127.45.3", uid=1000, loopback=True,
+                                           image_sources={"worker": f"sif:{sif}", "cache-2": f"sif:{sif}"}))
+    kinds = {s.name: plan.images[s.image].kind for s in plan.services}
+    assert kinds == {"worker-1": "sif", "worker-2": "sif", "worker-3": "sif", "cache-1": "docker",
+                     "cache-2": "sif", "app": "docker"}

@@ -90,11 +90,13 @@ def _definition(header: str, comment: str) -> str:
 
 
 def source_override(service: Service, cli_sources: Dict[str, str]) -> Optional[Dict[str, str]]:
-    """An image source chosen per service: the CLI's SERVICE=KIND:PATH, or x-compose2sif.image."""
-    if service.name in cli_sources:
-        kind, _, path = cli_sources[service.name].partition(":")
+    """An image source chosen per service: the CLI's SERVICE=KIND:PATH (for a service of N replicas,
+    each of them), or x-compose2sif.image."""
+    named = next((n for n in (service.name, service.replica_of) if n and n in cli_sources), None)
+    if named is not None:
+        kind, _, path = cli_sources[named].partition(":")
         if kind not in SOURCE_KINDS or not path:
-            raise ComposeError(f"--image-source {service.name}={cli_sources[service.name]}: "
+            raise ComposeError(f"--image-source {named}={cli_sources[named]}: "
                                f"expected KIND:PATH with KIND one of {', '.join(SOURCE_KINDS)}")
         return {kind: path}
     hint = hints(service).get("image")
