@@ -126,7 +126,7 @@ SERVICE_KEYS: Dict[str, KeySupport] = {
     "shm_size": _e("instances use the host's /dev/shm; its size is the node's"),
     "stdin_open": _u("instances run detached without a terminal; ignored"),
     "stop_grace_period": _h("`down` waits this long before killing an instance"),
-    "stop_signal": _h("`down` sends this signal first"),
+    "stop_signal": _h("`down` sends this signal first; unset, the image's STOPSIGNAL (registry config or Dockerfile), else SIGTERM"),
     "storage_opt": _u("no storage driver; ignored"),
     "sysctls": _u("an unprivileged user cannot set kernel parameters; ignored"),
     "tmpfs": _e("a private scratch directory is bound at the path"),

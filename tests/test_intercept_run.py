@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import socket
@@ -355,3 +356,52 @@ def test_a_published_privileged_port_is_served_from_before_its_bind_to_after_it(
     assert sorted(lines) == [f"zlow: bind TCP 0.0.0.0:80 {own}:24050", f"zlow: bind TCP 0.0.0.0:81 {own}:24051"]
     assert (tmp_path / "out" / "state" / "run" / "zlow.forward").read_text() == started_forwarders
     run_lib(tmp_path, "stop_forwarders zlow")
+
+
+def test_a_port_that_does_not_listen_in_time_is_late_not_failed_and_watched_until_it_listens(project):
+    """wait_listening ends with 2 and the endpoints still silent (not 1, a failure), named by the
+    port the service binds (80, not where the tracer puts it); once something listens there,
+    watch_late says so in one line and forgets it, and `ps`'s not_listening_yet finds nothing."""
+    tmp_path, _, _ = project
+    intercept(tmp_path)
+    own = run_lib(tmp_path, 'load_service zlow && echo "$S_OWN_ADDRESS"').stdout.strip()
+    late = tmp_path / "out" / "state" / "run" / "zlow.late"
+    script = ('load_service zlow && service_running() { true; } && out=$(wait_listening 1 published); rc=$?; '
+              'echo "$rc|$out"; read -r -a e <<<"$out"; service_ports "${e[@]:1}"; echo "$SERVICE_PORTS"')
+    proc = run_lib(tmp_path, script)
+    rc_out, ports = proc.stdout.splitlines()
+    rc, out = rc_out.split("|")
+    assert (rc, out.split()[1:], ports) == ("2", [f"{own}:24050"], "80"), proc.stdout + proc.stderr
+    late.write_text(f"0\n{own}:24050\n")
+    proc = run_lib(tmp_path, 'load_service zlow && not_listening_yet && echo "${NOT_LISTENING[*]}" && watch_late')
+    assert proc.stdout.strip() == f"{own}:24050" and late.exists() and "listening on" not in proc.stderr
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (an earlier test's connections may linger)
+        listener.bind((own, 24050))
+        listener.listen()
+        proc = run_lib(tmp_path, 'load_service zlow && watch_late && not_listening_yet && echo "[${NOT_LISTENING[*]}]"')
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"zlow: listening on 80 now, \d+ s after its start", proc.stderr), proc.stderr
+    assert proc.stdout.strip() == "[]" and not late.exists()
+
+
+def test_a_service_that_ends_saying_nothing_shows_what_it_wrote_and_its_adapters_check(project):
+    """squid writes why it stops into cache.log, not its output: explain_silent_exit shows the last
+    lines of what the service wrote into its scratch directories at this start, then runs its
+    adapter's check in its image (a STAND-IN RUNTIME here, `echo`, shows the command it got)."""
+    tmp_path, _, _ = project
+    sif = tmp_path / "out" / "sif" / "fake.sif"
+    sif.parent.mkdir(exist_ok=True)
+    sif.write_text("")
+    script = ('load_service zlow && log_tail() { :; } && S_CHECK=(squid -k parse) && S_SIF=' + shlex.quote(str(sif)) +
+              ' && : >"$RUNDIR/zlow.logs" && touch -d "-5 seconds" "$RUNDIR/zlow.logs" && abs "${S_EMPTY[0]}" && '
+              'mkdir -p "$ABS" && echo "FATAL: Bungled /etc/squid/squid.conf line 2" >"$ABS/cache.log" && '
+              'RT=echo && explain_silent_exit')
+    proc = run_lib(tmp_path, script)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "run.sh: service zlow said nothing on its output"
+    assert lines[1].startswith("--- last 10 lines of ") and lines[1].endswith("cache.log (written at this start) ---")
+    assert lines[2] == "FATAL: Bungled /etc/squid/squid.conf line 2"
+    assert lines[3] == "--- squid -k parse in its image ---"
+    assert lines[4].startswith("exec ") and lines[4].endswith(f"{sif} squid -k parse")

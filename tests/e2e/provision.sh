@@ -72,7 +72,8 @@ image_key() {  # an image is rebuilt when its recipe, its files or the image bas
      echo "$imgbase") | hash
 }
 all_keys=$(for r in "$here"/images/*.image; do n=$(basename "$r" .image); echo "$n $(image_key "$n")"; done
-           echo "$node $suidnode $slurmnode"; printf '%s\n' "$slurm_conf" "$cgroup_conf")
+           echo "$node $suidnode $slurmnode"; printf '%s\n' "$slurm_conf" "$cgroup_conf"
+           echo "each image's package versions kept beside it (oci/NAME.packages)")
 ready="$base/ready-$(echo "$all_keys $registry_port" | hash)"
 dir="$base"
 
