@@ -141,6 +141,12 @@ def logs(state: _State, args) -> int:
     return _run(state, args, ["logs", *(["-f"] if args.follow else []), args.service])
 
 
+def port(state: _State, args) -> int:
+    """Where a service's port is published, as `docker compose port` prints it."""
+    return _run(state, args, ["port", *(["--index", str(args.index)] if args.index else []), args.service,
+                              args.private_port])
+
+
 def restart(state: _State, args) -> int:
     """Stop and start services again (default: every service started since `down`)."""
     return _run(state, args, ["restart", *args.services])
@@ -306,6 +312,13 @@ def _logs_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("service")
 
 
+def _port_arguments(sub: argparse.ArgumentParser) -> None:
+    _output_option(sub)
+    sub.add_argument("--index", type=int, help="Which replica of a service of several (default 1).")
+    sub.add_argument("service")
+    sub.add_argument("private_port", metavar="PRIVATE_PORT")
+
+
 def _restart_arguments(sub: argparse.ArgumentParser) -> None:
     _output_option(sub)
     sub.add_argument("services", nargs="*", metavar="SERVICE")
@@ -347,6 +360,7 @@ COMMANDS = {
     "down": (down, _down_arguments),
     "ps": (ps, _ps_arguments),
     "logs": (logs, _logs_arguments),
+    "port": (port, _port_arguments),
     "exec": (exec_, _exec_arguments),
     "restart": (restart, _restart_arguments),
     "doctor": (doctor, lambda sub: _output_option(sub, "Output directory whose planned endpoints are checked.")),

@@ -163,6 +163,11 @@ def _forward_target(port: PortPlan) -> str:
     return f"{'127.0.0.1' if port.address in WILDCARDS else port.address}:{port.host}"
 
 
+def _published(port: PortPlan) -> str:
+    """CONTAINER ADDR:HOST, where `port` finds a published port (HOST 0: a free one `up` chooses)."""
+    return f"{port.container} {port.forward or f'{port.address}:{port.host}'}"
+
+
 def _endpoint(port: PortPlan) -> str:
     """ADDR:PORT the service listens on, for run.sh; suffixed `?` when it may never be opened (run.sh
     then checks only that it is free, not that it listens). With --tls, the HTTPS port is ours to open."""
@@ -183,6 +188,7 @@ _HELP = """\
 #   ./run.sh down [-v]             stop every instance; -v also deletes the named volumes
 #   ./run.sh ps [--format json]    state, health, address:port and uptime of each service
 #   ./run.sh logs [-f] SERVICE     the service's output
+#   ./run.sh port SERVICE PORT     where the service's PORT is published (as `docker compose port`)
 #   ./run.sh exec [--index N] SERVICE CMD...   run a command inside the service's instance
 #                                  (--index: which of its replicas, 1 by default)
 #   ./run.sh restart SERVICE       stop and start one service
@@ -251,6 +257,8 @@ def _service_function(s: ServicePlan, fn: str, own_address: str) -> List[str]:
         f"    S_EMPTY={_array(b.source for _, b in binds if b.kind in ('tmpfs', 'scratch'))}",
         f"    S_ENDPOINTS={_array(_endpoint(p) for p in s.ports)}",
         f"    S_FORWARDS={_array(i for p in s.ports if p.forward for i in (p.forward, _forward_target(p)))}",
+        # for `port`: each published port as "CONTAINER ADDR:HOST" (HOST 0: a free port chosen at `up`)
+        f"    S_PUBLISHED={_array(_published(p) for p in s.ports if p.published)}",
         # as written: where the tracer puts each privileged port (c2s-loopback --map)
         f"    S_PORT_MAP={_array(f'{p.host}:{p.traced_port}' for p in s.ports if p.traced_port)}",
         f"    S_HEALTH={_array(health['test'] if health else [])}",

@@ -9,6 +9,7 @@ main() {
         down) cmd_down "$@" ;;
         ps) cmd_ps "$@" ;;
         logs) cmd_logs "$@" ;;
+        port) cmd_port "$@" ;;
         exec) cmd_exec "$@" ;;
         restart) cmd_restart "$@" ;;
         build) cmd_build "$@" ;;

@@ -70,6 +70,9 @@ services:
   zz:
     image: busybox
     network_mode: host
+  zzeph:
+    image: busybox
+    ports: ["9000"]
 """)
     proc = subprocess.run(["python3", "-m", "compose2sif", "-f", str(root / "compose.yaml"), "convert", "--offline",
                            "--address-block", f"{BLOCK}.0/24", "--port-base", "24000", "-o", str(root / "out")],
@@ -405,3 +408,41 @@ def test_a_service_that_ends_saying_nothing_shows_what_it_wrote_and_its_adapters
     assert lines[2] == "FATAL: Bungled /etc/squid/squid.conf line 2"
     assert lines[3] == "--- squid -k parse in its image ---"
     assert lines[4].startswith("exec ") and lines[4].endswith(f"{sif} squid -k parse")
+
+
+def test_a_port_with_no_host_side_gets_a_free_port_of_the_node_kept_until_down(project):
+    """`- "9000"`: as Docker, a free port of the node, the same on each of its addresses, chosen when
+    the forwarders first start, kept while the project runs (load_service, ps) and told by `port`;
+    the real forwarder relays it to a STAND-IN server on the service's own address."""
+    tmp_path, _, started = project
+    intercept(tmp_path)
+    proc = run_lib(tmp_path, 'load_service zzeph && echo "$S_OWN_ADDRESS" && echo "${S_FORWARDS[*]}"')
+    own, planned = proc.stdout.splitlines()
+    assert planned == node_pairs(tmp_path, 0, f"{own}:9000")
+    port = f"source {RUN}/cmd/port.sh && cmd_port zzeph 9000"
+    proc = run_lib(tmp_path, port)
+    assert proc.returncode != 0 and "a free port that `up` chooses" in proc.stderr, proc.stderr  # not started yet
+    proc = run_lib(tmp_path, 'load_service zzeph && start_forwarders && cat "$RUNDIR/zzeph.published"')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    container, chosen = proc.stdout.split()
+    assert container == "9000" and 1024 <= int(chosen) < 65536
+    proc = run_lib(tmp_path, 'load_service zzeph && echo "${S_FORWARDS[*]}" && ' + port)
+    forwards, told = proc.stdout.splitlines()
+    assert forwards == node_pairs(tmp_path, int(chosen), f"{own}:9000") and told == f"0.0.0.0:{chosen}"
+    code = ("import http.server as h, sys; h.HTTPServer((sys.argv[1], 9000), h.SimpleHTTPRequestHandler)"
+            ".serve_forever()")
+    server = subprocess.Popen(["python3", "-c", code, own], start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, cwd=tmp_path)
+    started.append(server)
+    try:
+        for _ in range(100):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{chosen}/", timeout=10) as answer:
+                    assert answer.status == 200
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError(f"nothing answered on the chosen port {chosen}")
+    finally:
+        run_lib(tmp_path, "stop_forwarders zzeph")

@@ -41,6 +41,7 @@ from compose2sif.errors import ComposeError
 from compose2sif.types import WILDCARD, WILDCARDS, Endpoint, Knob, NetworkPlan
 
 PORT_BLOCK = 100
+EPHEMERAL = 0                     # a forwarder's port when compose gives no host side: run.sh picks a free one
 FIRST_BLOCK_PORT = 20000
 BLOCKS = 300                      # port blocks start at 20000 .. 49900
 ADDRESS_BLOCKS = 254 * 256        # 127.1.0.0/24 .. 127.254.255.0/24
@@ -369,7 +370,8 @@ def plan_as_written(services: List[ServiceNet], address_block: str, port_base: i
     keep port P on their own addresses beside a published P. Only a published port that cannot be
     had moves, onto the block's lower half (the tracer puts privileged ports in its upper half):
     a privileged one, or one that two services publish (Docker refuses that at run time), each
-    with a warning."""
+    with a warning. A port with no host side (`- "5432"`) gets a free port of the node when `up`
+    runs (port 0 here), as Docker gives it an ephemeral one."""
     if len(services) > 253:
         raise ComposeError(f"{len(services)} services do not fit the address block {address_block}.0/24")
     own = {s.name: f"{address_block}.{i + 2}" for i, s in enumerate(sorted(services, key=lambda s: s.name))}
@@ -385,7 +387,10 @@ def plan_as_written(services: List[ServiceNet], address_block: str, port_base: i
             if listen.published is None:
                 continue
             at = listen.host_ip or WILDCARD
-            number = int(listen.published) if listen.published.isdigit() else port  # "": its own number
+            if listen.published == "":  # no host side: a free port of the node, chosen when `up` runs, as Docker does
+                endpoint.forward = f"{at}:{EPHEMERAL}"
+                continue
+            number = int(listen.published) if listen.published.isdigit() else port  # (a range: its own number)
             other = next((name for point, name in published_at if overlaps(point, (at, number))), None)
             if number < 1024 or other is not None:
                 while any(overlaps(point, (at, next_port)) for point, _ in published_at) or next_port == dns_port(port_base):

@@ -17,7 +17,8 @@ cmd_down() {
         names=()
         for ((i = ${#SERVICES[@]} - 1; i >= 0; i--)); do
             [ "${LEVELS[i]}" = "$level" ] || continue
-            names+=("${SERVICES[i]}") statuses+=("$RUNDIR/${SERVICES[i]}.status")
+            # (with its status, the free ports its published ports got: kept until down)
+            names+=("${SERVICES[i]}") statuses+=("$RUNDIR/${SERVICES[i]}.status" "$RUNDIR/${SERVICES[i]}.published")
         done
         stop_services "${names[@]}"
         starters+=("${ENDING[@]}")

@@ -76,6 +76,37 @@ tell_forwarders() {
     return 0
 }
 
+# A port published with no host side (`- "5432"`) is planned on port 0: like Docker, run.sh gives it
+# a free port of the node when its forwarders first start, the same on every address, kept in
+# RUNDIR/NAME.published ("CONTAINER-PORT HOST-PORT" lines) until `down`. kept_ephemeral puts the kept
+# ones into S_FORWARDS (load_service calls it); choose_ephemeral chooses the others.
+kept_ephemeral() {
+    local i c kept=""
+    for ((i = 0; i < ${#S_FORWARDS[@]}; i += 2)); do
+        [ "${S_FORWARDS[i]##*:}" = 0 ] || continue
+        [ -n "$kept" ] || kept=$'\n'$(cat "$RUNDIR/$S_NAME.published" 2>/dev/null)$'\n'
+        c=${S_FORWARDS[i + 1]##*:}
+        [[ $kept == *$'\n'"$c "* ]] || continue
+        c=${kept#*$'\n'"$c "} c=${c%%$'\n'*}
+        S_FORWARDS[i]=${S_FORWARDS[i]%:*}:$c
+    done
+}
+
+choose_ephemeral() {
+    local i c p t lo=32768 hi=60999
+    for ((i = 0; i < ${#S_FORWARDS[@]}; i += 2)); do
+        [ "${S_FORWARDS[i]##*:}" = 0 ] || continue
+        c=${S_FORWARDS[i + 1]##*:}
+        { read -r lo hi || true; } 2>/dev/null </proc/sys/net/ipv4/ip_local_port_range
+        for ((t = 0; t < 50; t++)); do  # a port of the kernel's ephemeral range nothing listens on, as Docker picks
+            p=$((lo + (RANDOM * 32768 + RANDOM) % (hi - lo + 1)))
+            [ -z "$(endpoint_listeners "0.0.0.0:$p")" ] && break
+        done
+        printf '%s %s\n' "$c" "$p" >>"$RUNDIR/$S_NAME.published"
+        kept_ephemeral
+    done
+}
+
 # Start the forwarders of the loaded service that do not run yet, and wait until each listens.
 # Prints why not and fails when one cannot listen (its address in use: by whom).
 start_forwarders() {
@@ -87,6 +118,7 @@ start_forwarders() {
         echo "its published ports need a forwarder: $MISSING_WHY"
         return 1
     fi
+    choose_ephemeral
     for ((i = 0; i < ${#S_FORWARDS[@]}; i += 2)); do
         at=${S_FORWARDS[i]} to=${S_FORWARDS[i + 1]}
         [ -n "${FORWARD_PID[$at]:-}" ] && continue

@@ -188,6 +188,7 @@ isolated_endpoint() {
 isolated_endpoints() {
     [ -n "$ISOLATION" ] || isolation_mode
     local i e optional pairs=() at a
+    kept_ephemeral  # (a port published with no host side: the free port it got, while the project runs)
     if ! traced_service; then
         [ "$ISOLATION" = intercept ] || return 0
         # the node's network as it is (network_mode: host, a batch job's C2S_NODE_NETWORK): a port

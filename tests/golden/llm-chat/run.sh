@@ -14,6 +14,7 @@
 #   ./run.sh down [-v]             stop every instance; -v also deletes the named volumes
 #   ./run.sh ps [--format json]    state, health, address:port and uptime of each service
 #   ./run.sh logs [-f] SERVICE     the service's output
+#   ./run.sh port SERVICE PORT     where the service's PORT is published (as `docker compose port`)
 #   ./run.sh exec [--index N] SERVICE CMD...   run a command inside the service's instance
 #                                  (--index: which of its replicas, 1 by default)
 #   ./run.sh restart SERVICE       stop and start one service
@@ -77,6 +78,7 @@ svc_0_db() {
     S_EMPTY=(state/services/db/scratch/tmp state/services/db/scratch/var_run_postgresql)
     S_ENDPOINTS=(127.45.3.3:5432)
     S_FORWARDS=()
+    S_PUBLISHED=()
     S_PORT_MAP=()
     S_HEALTH=(CMD-SHELL 'pg_isready -U ${POSTGRES_USER} -d ${POSTGRES_DB}')
     S_CHECK=()
@@ -117,6 +119,7 @@ svc_1_llm() {
     S_EMPTY=(state/services/llm/tmpfs/tmp)
     S_ENDPOINTS=(127.45.3.4:8000)
     S_FORWARDS=()
+    S_PUBLISHED=()
     S_PORT_MAP=()
     S_CHECK=()
     S_PRE_START=()
@@ -158,6 +161,7 @@ svc_2_redis() {
     S_EMPTY=(state/services/redis/scratch/tmp)
     S_ENDPOINTS=(127.45.3.6:6379)
     S_FORWARDS=()
+    S_PUBLISHED=()
     S_PORT_MAP=()
     S_HEALTH=(CMD redis-cli -h 127.45.3.6 ping)
     S_CHECK=()
@@ -198,6 +202,7 @@ svc_3_api() {
     S_EMPTY=(state/services/api/scratch/tmp)
     S_ENDPOINTS=(127.45.3.2:8000)
     S_FORWARDS=()
+    S_PUBLISHED=()
     S_PORT_MAP=()
     S_HEALTH=()
     S_CHECK=()
@@ -237,6 +242,7 @@ svc_4_web() {
     S_EMPTY=(state/services/web/scratch/tmp)
     S_ENDPOINTS=(127.45.3.7:3000)
     S_FORWARDS=()
+    S_PUBLISHED=()
     S_PORT_MAP=()
     S_CHECK=()
     S_PRE_START=()
@@ -275,6 +281,7 @@ svc_5_proxy() {
     S_HOST_PATHS=()
     S_SOCKETS=()
     S_EMPTY=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)
+    S_PUBLISHED=('80 0.0.0.0:8080')
     S_HEALTH=()
     S_CHECK=()
     S_PRE_START=()
