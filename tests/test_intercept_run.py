@@ -229,6 +229,18 @@ def test_a_port_published_on_its_own_number_is_its_forwarders_and_the_service_ke
     assert "--keep" not in words
 
 
+def answers(port: int) -> None:
+    """Until a stand-in server answers on the node's 127.0.0.1:PORT (through a forwarder), 10 s at most."""
+    for _ in range(100):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as answer:
+                assert answer.status == 200
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"nothing answered on port {port}")
+
+
 def intercept(tmp_path):
     (tmp_path / "out" / "state" / "run" / "isolation").write_text(f"{socket.gethostname()} auto intercept\nwhy\n")
 
@@ -346,15 +358,7 @@ def test_a_published_privileged_port_is_served_from_before_its_bind_to_after_it(
     proc = subprocess.Popen(words + ["--", "python3", "-c", code, "c2s-standin-zlow"],
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     started.append(proc)
-    for _ in range(100):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{published + 2}/", timeout=10) as answer:
-                assert answer.status == 200
-                break
-        except OSError:
-            time.sleep(0.1)
-    else:
-        raise AssertionError(f"nothing answered on the published port {published + 2}")
+    answers(published + 2)
     lines = run_lib(tmp_path, "isolation_mode; relocation_lines zlow").stdout.splitlines()
     assert sorted(lines) == [f"zlow: bind TCP 0.0.0.0:80 {own}:24050", f"zlow: bind TCP 0.0.0.0:81 {own}:24051"]
     assert (tmp_path / "out" / "state" / "run" / "zlow.forward").read_text() == started_forwarders
@@ -435,14 +439,6 @@ def test_a_port_with_no_host_side_gets_a_free_port_of_the_node_kept_until_down(p
                               stderr=subprocess.DEVNULL, cwd=tmp_path)
     started.append(server)
     try:
-        for _ in range(100):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{chosen}/", timeout=10) as answer:
-                    assert answer.status == 200
-                    break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError(f"nothing answered on the chosen port {chosen}")
+        answers(int(chosen))
     finally:
         run_lib(tmp_path, "stop_forwarders zzeph")

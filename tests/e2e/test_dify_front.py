@@ -88,9 +88,9 @@ def test_nginx_logs_each_request_through_its_images_links_to_stdout(front):
 
 def test_rendered_nginx_config_is_valid_and_each_location_reaches_its_upstream(front):
     node, _ = front
-    # (nginx -t opens its error.log, a link to /dev/stderr as in the official image: the test bed's
-    # pipes belong to root, whom the node's user may not open again; a file of the user's is its stderr)
-    check = node.run(f"cd ~ && {OUT}/run.sh exec nginx sh -c 'nginx -t 2>/tmp/nginx-t.log; rc=$?; "
+    # (nginx -t opens its logs, links to /dev/stdout and /dev/stderr as in the official image: the test
+    # bed's pipes belong to root, which the node's user may not open again; a file of the user's is both)
+    check = node.run(f"cd ~ && {OUT}/run.sh exec nginx sh -c 'nginx -t >/tmp/nginx-t.log 2>&1; rc=$?; "
                      "cat /tmp/nginx-t.log >&2; exit $rc'")
     assert check.returncode == 0, check.stderr
     for path, upstream in (("/console/api/setup", "api"), ("/api/x", "api"), ("/v1/chat", "api"),
