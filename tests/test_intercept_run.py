@@ -72,7 +72,7 @@ services:
     network_mode: host
   zzeph:
     image: busybox
-    ports: ["9000"]
+    ports: ["9000", "81"]
 """)
     proc = subprocess.run(["python3", "-m", "compose2sif", "-f", str(root / "compose.yaml"), "convert", "--offline",
                            "--address-block", f"{BLOCK}.0/24", "--port-base", "24000", "-o", str(root / "out")],
@@ -422,17 +422,21 @@ def test_a_port_with_no_host_side_gets_a_free_port_of_the_node_kept_until_down(p
     intercept(tmp_path)
     proc = run_lib(tmp_path, 'load_service zzeph && echo "$S_OWN_ADDRESS" && echo "${S_FORWARDS[*]}"')
     own, planned = proc.stdout.splitlines()
-    assert planned == node_pairs(tmp_path, 0, f"{own}:9000")
+    assert planned == node_pairs(tmp_path, 0, f"{own}:24050") + " " + node_pairs(tmp_path, 0, f"{own}:9000")
     port = f"source {RUN}/cmd/port.sh && cmd_port zzeph 9000"
     proc = run_lib(tmp_path, port)
     assert proc.returncode != 0 and "a free port that `up` chooses" in proc.stderr, proc.stderr  # not started yet
     proc = run_lib(tmp_path, 'load_service zzeph && start_forwarders && cat "$RUNDIR/zzeph.published"')
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    container, chosen = proc.stdout.split()
-    assert container == "9000" and 1024 <= int(chosen) < 65536
+    kept = dict(line.split() for line in proc.stdout.splitlines())
+    assert sorted(kept) == ["81", "9000"] and all(1024 <= int(p) < 65536 for p in kept.values())
+    chosen = kept["9000"]
+    # 81 is privileged: the tracer's place for it (--map 81:24050), published on the port kept for 81
+    low = run_lib(tmp_path, 'load_service zzeph && echo "${S_FORWARDS[*]}"').stdout.split()
+    assert f"127.0.0.1:{kept['81']}" in low and low[low.index(f"127.0.0.1:{kept['81']}") + 1] == f"{own}:24050"
     proc = run_lib(tmp_path, 'load_service zzeph && echo "${S_FORWARDS[*]}" && ' + port)
     forwards, told = proc.stdout.splitlines()
-    assert forwards == node_pairs(tmp_path, int(chosen), f"{own}:9000") and told == f"0.0.0.0:{chosen}"
+    assert forwards.endswith(node_pairs(tmp_path, int(chosen), f"{own}:9000")) and told == f"0.0.0.0:{chosen}"
     code = ("import http.server as h, sys; h.HTTPServer((sys.argv[1], 9000), h.SimpleHTTPRequestHandler)"
             ".serve_forever()")
     server = subprocess.Popen(["python3", "-c", code, own], start_new_session=True, stdout=subprocess.DEVNULL,

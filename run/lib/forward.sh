@@ -85,7 +85,8 @@ kept_ephemeral() {
     for ((i = 0; i < ${#S_FORWARDS[@]}; i += 2)); do
         [ "${S_FORWARDS[i]##*:}" = 0 ] || continue
         [ -n "$kept" ] || kept=$'\n'$(cat "$RUNDIR/$S_NAME.published" 2>/dev/null)$'\n'
-        c=${S_FORWARDS[i + 1]##*:}
+        service_ports "${S_FORWARDS[i + 1]}"  # (keyed by the service's port, a privileged one before the tracer's move)
+        c=$SERVICE_PORTS
         [[ $kept == *$'\n'"$c "* ]] || continue
         c=${kept#*$'\n'"$c "} c=${c%%$'\n'*}
         S_FORWARDS[i]=${S_FORWARDS[i]%:*}:$c
@@ -96,7 +97,8 @@ choose_ephemeral() {
     local i c p t lo=32768 hi=60999
     for ((i = 0; i < ${#S_FORWARDS[@]}; i += 2)); do
         [ "${S_FORWARDS[i]##*:}" = 0 ] || continue
-        c=${S_FORWARDS[i + 1]##*:}
+        service_ports "${S_FORWARDS[i + 1]}"
+        c=$SERVICE_PORTS
         { read -r lo hi || true; } 2>/dev/null </proc/sys/net/ipv4/ip_local_port_range
         for ((t = 0; t < 50; t++)); do  # a port of the kernel's ephemeral range nothing listens on, as Docker picks
             p=$((lo + (RANDOM * 32768 + RANDOM) % (hi - lo + 1)))
