@@ -242,7 +242,9 @@ def _convert_options(parser: argparse.ArgumentParser) -> None:
     from compose2sif import adapters  # its presets and families name some choices
     _output_option(parser, "Output directory (default: ./compose2sif-PROJECT).")
     add = parser.add_argument
-    add("--registry-mirror", metavar="HOST", help="Pull Docker Hub images through this registry.")
+    add("--registry-mirror", action="append", default=[], metavar="[REGISTRY=]HOST[/PREFIX]",
+        help="Pull a registry's images through this mirror (repeatable; no REGISTRY= means Docker Hub; "
+             "http://HOST for a plain-HTTP one; C2S_REGISTRY_MIRRORS takes the same, comma-separated).")
     add("--image-source", dest="image_sources", action="append", default=[], metavar="SERVICE=KIND:PATH",
         help="Take a service's image from a docker-archive, oci-archive or ready sif file (repeatable).")
     add("--port-base", type=_at_least(1),

@@ -17,6 +17,7 @@ from compose2sif.load import Project, ProjectOptions, load_project
 
 if TYPE_CHECKING:
     from compose2sif.plan import Plan
+    from compose2sif.plan.mirrors import Mirrors
 
 # The planner, the adapters and the renderer are imported where they are used: every command loads
 # the project through here, and `config` must stay quick (it is measured against Docker Compose).
@@ -27,7 +28,7 @@ class ConvertOptions(NamedTuple):
     A NamedTuple, not a dataclass: every command imports this module, `config` too, and it races
     Docker Compose, which need not wait for dataclasses."""
     output: Optional[str] = None                                # default: ./compose2sif-PROJECT
-    registry_mirror: Optional[str] = None
+    registry_mirror: Sequence[str] = ()                         # [REGISTRY=][http://]HOST[/PREFIX]
     image_sources: Sequence[str] = ()                           # SERVICE=KIND:PATH
     port_base: Optional[int] = None
     address_block: Optional[str] = None                         # 127.A.B.0/24 as the user wrote it
@@ -78,10 +79,12 @@ def convert(project_options: ProjectOptions, options: ConvertOptions,
     each line for the user (warnings and notes), in order."""
     from compose2sif import adapters, helpers, render
     from compose2sif.plan import PlanOptions, build_plan, generated
+    from compose2sif.plan.mirrors import Mirrors
     from compose2sif.plan.network import parse_address_block
     project = load(project_options, warn)
     out_dir = output_dir(project, options.output)
     sources = _image_sources(options.image_sources)
+    mirrors = Mirrors.parse(options.registry_mirror, os.environ.get("C2S_REGISTRY_MIRRORS"))
     if bool(options.tls_cert) != bool(options.tls_key):
         raise ComposeError("--tls-cert and --tls-key go together")
     presets = {options.preset} if options.preset else \
@@ -92,7 +95,7 @@ def convert(project_options: ProjectOptions, options: ConvertOptions,
         environ = dict(os.environ if project_options.environ is None else project_options.environ)
         project = load_project(project_options._replace(environ={**environ, **chosen}))
     plan_options = PlanOptions(
-        registry_mirror=options.registry_mirror, image_sources=sources, port_base=options.port_base,
+        registry_mirrors=mirrors, image_sources=sources, port_base=options.port_base,
         address_block=parse_address_block(options.address_block) if options.address_block else None,
         tls=bool(options.tls or options.tls_cert),
         tls_files=(os.path.abspath(options.tls_cert), os.path.abspath(options.tls_key)) if options.tls_cert else None,
@@ -100,7 +103,7 @@ def convert(project_options: ProjectOptions, options: ConvertOptions,
         ssrf_allow=list(options.ssrf_allow), loopback=helpers.has(helpers.LOOPBACK))
     with located(project):
         if not options.offline:
-            plan_options.image_configs = _image_configs(project, sources, options.registry_mirror, warn)
+            plan_options.image_configs = _image_configs(project, sources, mirrors, warn)
         plan = build_plan(project, plan_options)
         render.write(plan, out_dir)
     if chosen:
@@ -122,18 +125,20 @@ def _image_sources(items: Sequence[str]) -> Dict[str, str]:
     return sources
 
 
-def _image_configs(project: Project, sources: Dict[str, str], mirror: Optional[str],
+def _image_configs(project: Project, sources: Dict[str, str], mirrors: "Mirrors",
                    warn: Callable[[str], None]) -> Dict[str, object]:
     """What the registries say of the images the project may pull (WORKDIR, EXPOSE); an image that
     cannot be read is left out, with a warning where a service surely runs it."""
     from compose2sif import registry  # requests: slow to import, not needed offline
     from compose2sif.model import services as typed_services
-    from compose2sif.plan.images import docker_reference, registry_questions
-    insecure = bool(os.environ.get("APPTAINER_NOHTTPS") or os.environ.get("SINGULARITY_NOHTTPS"))
+    from compose2sif.plan.images import registry_questions
+    plain = bool(os.environ.get("APPTAINER_NOHTTPS") or os.environ.get("SINGULARITY_NOHTTPS"))
     configs: Dict[str, object] = {}
     for image, pulled in registry_questions(list(typed_services(project).values()), sources):
         try:
-            configs[image] = registry.fetch_config(docker_reference(image, mirror), insecure=insecure)
+            ref = mirrors.reference(image)
+            insecure = plain or ref.split("/", 1)[0] in mirrors.plain_hosts()
+            configs[image] = registry.fetch_config(ref, insecure=insecure)
         except Exception as exc:  # network, auth, odd registries: the plan just lacks it
             if pulled:
                 warn(f"WARN could not read the configuration of image {image} from its registry "

@@ -542,6 +542,34 @@ def helper_lines(out_dir: str) -> List[Line]:
     return lines
 
 
+def mirror_lines(out_dir: str, timeout: float = 5.0) -> List[Line]:
+    """Each registry mirror the project's images are pulled through (plan.json), and whether it
+    answers the registry API's base endpoint (`/v2/`: 200, or 401 asking for a token)."""
+    import urllib.error
+    import urllib.request
+    lines: List[Line] = []
+    for mirror in (_plan(out_dir) or {}).get("registry_mirrors") or []:
+        if not isinstance(mirror, dict):
+            continue
+        scheme = "http" if mirror.get("plain_http") else "https"
+        host = str(mirror.get("mirror", "")).split("/")[0]
+        said = f"registry mirror: {mirror.get('registry')} images from {mirror.get('mirror')} ({scheme})"
+        try:
+            with urllib.request.urlopen(f"{scheme}://{host}/v2/", timeout=timeout):
+                pass
+        except urllib.error.HTTPError as exc:
+            if exc.code != 401:
+                lines.append(("warn", f"{said}: {host} answers /v2/ with HTTP {exc.code}; is it a registry?"))
+                continue
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            lines.append(("warn", f"{said}: {host} does not answer ({reason}); build and pull will fail "
+                                  "for these images"))
+            continue
+        lines.append(("ok", said))
+    return lines
+
+
 def report(out_dir: Optional[str]) -> List[Line]:
     lines = runtime_lines()
     found = runtime.detect()
@@ -550,6 +578,7 @@ def report(out_dir: Optional[str]) -> List[Line]:
     lines += storage_lines(os.path.expanduser("~"), out_dir)
     if out_dir:
         lines += helper_lines(out_dir)
+        lines += mirror_lines(out_dir)
         isolation = isolation_line(out_dir)
         lines += [isolation] if isolation else []
         fallback = bool(isolation and isolation[0] != "ok")  # not a loopback per service here

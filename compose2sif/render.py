@@ -305,6 +305,8 @@ def render_runner(plan: Plan) -> str:
            f"IMAGES={_array(plan.images)}",
            f"PULLED={_array(k for k, v in plan.images.items() if v.kind == 'docker')}"
            "  # images run as they are in a registry",
+           f"PLAIN_REGISTRIES={_array(sorted({m['mirror'].split('/')[0] for m in plan.registry_mirrors if m['plain_http']}))}"
+           "  # mirrors that speak plain HTTP (--registry-mirror http://...)",
            "# web fronts `up` points people at: SERVICE SCHEME ADDRESS PORT PATH",
            f"ENTRY_POINTS={_array(entry_points(plan))}",
            *([f"FALLBACK_ENTRY_POINTS={_array(entry_points(plan.fallback))}  # (up uses them where it falls back)"]

@@ -14,6 +14,7 @@ import pytest
 from compose2sif import render
 from compose2sif.load import ProjectOptions, load_project
 from compose2sif.plan import PlanOptions, build_plan
+from compose2sif.plan.mirrors import Mirrors
 from helpers import assert_valid_bash
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +36,7 @@ def convert(source: Path, tmp_path: Path) -> Path:
     project_dir = tmp_path / "project"
     shutil.copytree(source, project_dir, ignore=shutil.ignore_patterns("*.gguf"))
     project = load_project(ProjectOptions(cwd=str(project_dir), environ={"HOME": "/home/user"}))
-    options = PlanOptions(registry_mirror="127.0.0.1:5000", port_base=30000, address_block="127.45.3",
+    options = PlanOptions(registry_mirrors=Mirrors.parse(["127.0.0.1:5000"]), port_base=30000, address_block="127.45.3",
                           loopback=True)  # as convert plans it with the package's helpers: as written, and the fallback
     out = tmp_path / "out"
     render.write(build_plan(project, options), str(out))

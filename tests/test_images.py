@@ -11,6 +11,7 @@ from compose2sif.load import ProjectOptions, load_project
 from compose2sif.model import services as typed_services
 from compose2sif.plan import PlanOptions, build_plan
 from compose2sif.plan.images import plan_images
+from compose2sif.plan.mirrors import Mirrors
 from compose2sif.registry import ImageConfig
 from helpers import compose2sif_forked
 
@@ -31,7 +32,7 @@ def project_at(tmp_path, compose, environ=None, dockerfile=DOCKERFILE):
 
 
 def images_of(project, image_configs=None):
-    return plan_images(list(typed_services(project).values()), project.working_dir, None, {}, image_configs)
+    return plan_images(list(typed_services(project).values()), project.working_dir, Mirrors(), {}, image_configs)
 
 
 def convert(tmp_path, *args, env=None):

@@ -19,6 +19,7 @@ from compose2sif.errors import ComposeError
 from compose2sif.load import ProjectOptions, load_project
 from compose2sif.model import services as typed_services
 from compose2sif.plan.images import plan_images
+from compose2sif.plan.mirrors import Mirrors
 from helpers import compose2sif_forked
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,7 +57,7 @@ def write(root: Path, files):
 
 def images(root: Path, environ=None):
     project = load_project(ProjectOptions(cwd=str(root), environ={"HOME": "/home/u", **(environ or {})}))
-    return plan_images(list(typed_services(project).values()), project.working_dir, None, {})
+    return plan_images(list(typed_services(project).values()), project.working_dir, Mirrors(), {})
 
 
 def headers(definition: str):
@@ -89,7 +90,7 @@ def test_tagged_names_copy_from_and_a_pulled_sibling(tmp_path):
         "c/Dockerfile": "FROM debian:12\n"})
     # c is pulled (its registry answered), so FROM redis:7 is a pull as before
     project = load_project(ProjectOptions(cwd=str(tmp_path), environ={"HOME": "/home/u"}))
-    sources = plan_images(list(typed_services(project).values()), project.working_dir, None, {},
+    sources = plan_images(list(typed_services(project).values()), project.working_dir, Mirrors(), {},
                           {"redis:7": object()})
     b = sources["build-b"].definition
     assert headers(b) == ["Bootstrap: localimage", "From: sif/local-a.sif", "Bootstrap: docker", "From: redis:7"]

@@ -24,5 +24,5 @@ __all__ = ["Bind", "ImagePlan", "Plan", "PlanOptions", "PortPlan", "ServicePlan"
 def image_definitions(project: Project, options: Optional[PlanOptions] = None) -> Dict[str, ImageSource]:
     """The project's image sources alone, as build_plan plans them."""
     options = options or PlanOptions()
-    return plan_images(list(typed_services(project).values()), project.working_dir, options.registry_mirror,
+    return plan_images(list(typed_services(project).values()), project.working_dir, options.registry_mirrors,
                        options.image_sources, options.image_configs)

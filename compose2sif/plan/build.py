@@ -22,6 +22,7 @@ from compose2sif.plan.binds import STATE, rewrite_bound_files, service_binds, te
 from compose2sif.plan.generated import Replacer
 from compose2sif.plan.images import ImageSource, build_args, plan_images
 from compose2sif.plan.knobs import RUNSCRIPT, Found
+from compose2sif.plan.mirrors import Mirrors
 from compose2sif.plan.network import (PORT_BLOCK, References, ServiceNet, default_address_block, default_port_base,
                                       dns_port, host_port_pairs, plan_as_written, plan_network)
 from compose2sif.plan.pre_start import plan_pre_start
@@ -35,7 +36,7 @@ _VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # what an --env-file can 
 
 @dataclass
 class PlanOptions:
-    registry_mirror: Optional[str] = None
+    registry_mirrors: Mirrors = field(default_factory=Mirrors)       # registry -> its pull-through mirror
     image_sources: Dict[str, str] = field(default_factory=dict)   # service -> KIND:PATH
     port_base: Optional[int] = None                               # first port of the block moved ports go to
     address_block: Optional[str] = None                           # 127.A.B: the services' /24 of addresses
@@ -146,7 +147,7 @@ def discover(project: Project, options: PlanOptions) -> Discovery:
     warnings: List[str] = list(project.warnings) + (options.secrets.notes if options.secrets else [])
     warnings += [f"service {name!r}: scaled to zero (deploy.replicas: 0 or scale: 0); not started, as under Compose"
                  for name, config in project.config["services"].items() if scaled_to_zero(config)]
-    images = plan_images(list(services.values()), project.working_dir, options.registry_mirror, options.image_sources,
+    images = plan_images(list(services.values()), project.working_dir, options.registry_mirrors, options.image_sources,
                          options.image_configs)
     image_of = {name: key for key, source in images.items() for name in source.services}
     for source in images.values():
@@ -283,7 +284,7 @@ def _rebuild_with_moved_ports(project: Project, found: Discovery, refs: Referenc
             services[name] = replace(service, build={**service.build, "args": rewritten})
             changed = True
     if changed:
-        found.images = plan_images(list(services.values()), project.working_dir, options.registry_mirror,
+        found.images = plan_images(list(services.values()), project.working_dir, options.registry_mirrors,
                                    options.image_sources, options.image_configs)
         found.image_of = {name: key for key, source in found.images.items() for name in source.services}
 
@@ -454,7 +455,8 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
                 hosts=_hosts(services, found.names, network, warnings), tls=tls, images=images, services=plans,
                 configs=configs, warnings=list(dict.fromkeys(warnings)),
                 entry_points=_entry_points(plans, found.adapters),
-                generated_secrets=dict(options.secrets.chosen) if options.secrets else {})
+                generated_secrets=dict(options.secrets.chosen) if options.secrets else {},
+                registry_mirrors=options.registry_mirrors.to_json())
 
 
 def _free_forward_port(network: NetworkPlan) -> int:

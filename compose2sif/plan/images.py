@@ -20,6 +20,7 @@ from compose2sif.model import Service
 from compose2sif.plan import dockerfile
 from compose2sif.plan.dockerfile import comment_text, header_value
 from compose2sif.plan.knobs import hints
+from compose2sif.plan.mirrors import Mirrors
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -57,20 +58,6 @@ class ImageSource:
 def _key(text: str) -> str:
     key = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.").lower()
     return key[:80] or "image"
-
-
-def docker_reference(image: str, mirror: Optional[str]) -> str:
-    """`httpd:2.4` -> `MIRROR/library/httpd:2.4` when a mirror is given for Docker Hub."""
-    if not mirror:
-        return image
-    first = image.split("/", 1)[0]
-    if "/" in image and ("." in first or ":" in first or first == "localhost"):
-        if first not in ("docker.io", "index.docker.io", "registry-1.docker.io"):
-            return image  # another registry: leave it
-        image = image.split("/", 1)[1]
-    if "/" not in image:
-        image = "library/" + image
-    return f"{mirror.rstrip('/')}/{image}"
 
 
 def _image_name(image: str) -> str:
@@ -176,7 +163,7 @@ def registry_questions(services: List[Service], cli_sources: Dict[str, str]) -> 
     return list(questions.items())
 
 
-def plan_images(services: List[Service], working_dir: str, mirror: Optional[str],
+def plan_images(services: List[Service], working_dir: str, mirrors: Mirrors,
                 cli_sources: Dict[str, str], image_configs: Optional[Dict[str, Any]] = None) -> Dict[str, ImageSource]:
     """Image sources by key, each listing the services that use it. ``image_configs``: images whose
     registry answered; decides pull or build for services that have both ``build`` and ``image``."""
@@ -196,7 +183,7 @@ def plan_images(services: List[Service], working_dir: str, mirror: Optional[str]
         return source
 
     def pulled(image: str, where: str) -> ImageSource:
-        ref = header_value(docker_reference(_checked(image, where), mirror), "image", where)
+        ref = header_value(mirrors.reference(_checked(image, where)), "image", where)
         return add(f"docker:{image}", lambda: ImageSource(
             _key(image), "docker", image, _definition(f"Bootstrap: docker\nFrom: {ref}\n", f"image {image}")))
 
@@ -249,7 +236,7 @@ def plan_images(services: List[Service], working_dir: str, mirror: Optional[str]
             build = None
             if choice == "build":
                 try:
-                    build = _build(service, working_dir, mirror, local_image)
+                    build = _build(service, working_dir, mirrors, local_image)
                 except DockerfileMissing as exc:
                     if not (service.image and decision_note):  # nothing to pull instead
                         raise exc.error from None
@@ -284,7 +271,7 @@ def plan_images(services: List[Service], working_dir: str, mirror: Optional[str]
     return sources
 
 
-def _build(service: Service, working_dir: str, mirror: Optional[str], local_image):
+def _build(service: Service, working_dir: str, mirrors: Mirrors, local_image):
     """(identity, maker) of a build: services with the same context, Dockerfile, args and target
     share one definition and one SIF."""
     build = service.build or {}
@@ -317,7 +304,7 @@ def _build(service: Service, working_dir: str, mirror: Optional[str], local_imag
     def make() -> ImageSource:
         try:
             converted = dockerfile.convert(text, context, args, target, name,
-                                           lambda image: docker_reference(image, mirror),
+                                           mirrors.reference,
                                            lambda image: local_image(service, image))
         except ComposeError as exc:
             exc.path = exc.path or where

@@ -97,6 +97,7 @@ class Plan:
     tls: Optional[Dict[str, Any]] = None  # {"cert", "key": paths in the output dir, "source": given files or None}
     entry_points: List[Dict[str, Any]] = field(default_factory=list)  # published web endpoints `up` prints
     generated_secrets: Dict[str, str] = field(default_factory=dict)   # variable -> value, for secrets.env
+    registry_mirrors: List[Dict[str, Any]] = field(default_factory=list)  # {registry, mirror, plain_http}
     # where services cannot get a loopback of their own: the plan-time knobs' plan (files under
     # fallback/), or the one line `up` refuses with there; neither where the output has no tracer
     fallback: Optional["Plan"] = None

@@ -14,6 +14,26 @@ registry_tag() {
     printf '%s' "$from"
 }
 
+# Whether registry host $1 is a mirror that speaks plain HTTP (--registry-mirror http://HOST).
+plain_registry() {
+    local host
+    for host in "${PLAIN_REGISTRIES[@]}"; do [ "$host" = "$1" ] && return 0; done
+    return 1
+}
+
+# Whether definition $1 pulls from a plain-HTTP mirror: any stage's `From:` on one of them.
+pulls_plain() {
+    local line from
+    [ "${#PLAIN_REGISTRIES[@]}" -gt 0 ] || return 1
+    while IFS= read -r line; do
+        case "$line" in
+            From:*) from=${line#From:} from=${from// /}
+                [ "${from#*/}" != "$from" ] && plain_registry "${from%%/*}" && return 0 ;;
+        esac
+    done <"$1"
+    return 1
+}
+
 # The registry's digest of the tag $1 (Docker Registry HTTP API v2, one HEAD request, anonymous
 # token auth as Docker Hub uses; HEAD requests do not count against its pull limit). Empty when
 # it cannot be read: no curl, no network, a private registry.
@@ -29,6 +49,7 @@ tag_digest() {
     case "${name##*/}" in *:*) tag=${name##*:} name=${name%:*} ;; esac
     [ "$registry" = registry-1.docker.io ] && [ "${name#*/}" = "$name" ] && name="library/$name"
     case "$registry" in 127.* | localhost*) scheme=http ;; esac
+    plain_registry "$registry" && scheme=http
     [ -n "${APPTAINER_NOHTTPS:-}${SINGULARITY_NOHTTPS:-}" ] && scheme=http
     url="$scheme://$registry/v2/$name/manifests/$tag"
     headers=$(curl -sSI --connect-timeout 5 --max-time 20 -H "Accept: $accept" -- "$url" 2>/dev/null | tr -d '\r')
@@ -93,6 +114,7 @@ build_one() {
     if grep -q '^%post' "$def" && [ "$EUID" != 0 ]; then
         flags+=(--fakeroot)
     fi
+    pulls_plain "$def" && flags+=(--nohttps)
     log="$STATE/logs/build-$key.log"
     if [ -n "$want" ] && [ -f "$sif.source" ]; then
         first_line "$sif.source"

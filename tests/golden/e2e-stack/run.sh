@@ -45,6 +45,7 @@ LEVELS=(0 0 0 1 2 2 3)
 MAX_LEVEL=3
 IMAGES=(c2s-python-test c2s-postgres-test c2s-llama-test c2s-nginx-test c2s-redis-test)
 PULLED=(c2s-python-test c2s-postgres-test c2s-llama-test c2s-nginx-test c2s-redis-test)  # images run as they are in a registry
+PLAIN_REGISTRIES=()  # mirrors that speak plain HTTP (--registry-mirror http://...)
 # web fronts `up` points people at: SERVICE SCHEME ADDRESS PORT PATH
 ENTRY_POINTS=('proxy http 0.0.0.0 18080 /')
 FALLBACK_ENTRY_POINTS=('proxy http 0.0.0.0 18080 /')  # (up uses them where it falls back)
