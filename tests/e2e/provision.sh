@@ -224,7 +224,7 @@ for recipe in "$here"/images/*.image; do
     name=$(basename "$recipe" .image)
     done_marker="$dir/oci/.$name.$(image_key "$name").done"
     [ -f "$done_marker" ] && [ -s "$dir/oci/$name.packages" ] && continue
-    PACKAGES="" ENTRYPOINT=() CMD=() ENV=() WORKDIR="" FILES=() POST="" PIP=""
+    PACKAGES="" ENTRYPOINT=() CMD=() ENV=() WORKDIR="" FILES=() POST="" PIP="" NAMES=() EXPOSE=() VOLUMES=() USER=""
     # shellcheck disable=SC1090
     . "$recipe"
     log "image $name: $PACKAGES"
@@ -268,6 +268,9 @@ for recipe in "$here"/images/*.image; do
     for a in "${CMD[@]}"; do args+=(--config.cmd "$a"); done
     for a in "${ENV[@]}"; do args+=(--config.env "$a"); done
     [ -n "$WORKDIR" ] && args+=(--config.workingdir "$WORKDIR")
+    for a in "${EXPOSE[@]}"; do args+=(--config.exposedports "$a"); done
+    for a in "${VOLUMES[@]}"; do args+=(--config.volume "$a"); done
+    [ -n "$USER" ] && args+=(--config.user "$USER")
     umoci config --image "$layout:$name" --tag "$name" "${args[@]}" >/dev/null
     rm -rf "$dir/bundle" "$rootfs"
     touch "$done_marker"
@@ -288,7 +291,15 @@ registry_pid=$!
 for _ in $(seq 50); do curl -fs "http://127.0.0.1:$registry_port/v2/" >/dev/null && break; sleep 0.2; done
 for recipe in "$here"/images/*.image; do
     name=$(basename "$recipe" .image)
-    skopeo copy -q --dest-tls-verify=false "oci:$dir/oci:$name" "docker://127.0.0.1:$registry_port/c2s/$name:test"
+    NAMES=()
+    # shellcheck disable=SC1090
+    . "$recipe"
+    # c2s/NAME:test, and the real names a look-alike answers to, laid out as a pull-through mirror
+    # serves them (--registry-mirror 127.0.0.1:PORT: library/postgres:16; ghcr.io=127.0.0.1:PORT/ghcr.io)
+    for ref in "c2s/$name:test" "${NAMES[@]}"; do
+        skopeo copy -q --dest-tls-verify=false "oci:$dir/oci:$name" "docker://127.0.0.1:$registry_port/$ref"
+    done
+    [ "${#NAMES[@]}" -eq 0 ] || log "image $name is a look-alike of ${NAMES[*]}"
 done
 stop_registry
 registry_pid=""
