@@ -473,7 +473,8 @@ def isolation_line(out_dir: str) -> Optional[Line]:
         return ("warn", f"port isolation: unknown ({(proc.stderr.strip() or '?').splitlines()[-1]})")
     if mode == "intercept":
         return ("ok", f"port isolation: per-service loopback ({why})")
-    return ("warn", f"port isolation: plan-time knobs only ({why})")
+    return ("warn", f"port isolation: plan-time knobs only ({why}); nothing is isolated: any user of the node "
+                    "reaches every port of every service, and networks (internal ones too) do not keep services apart")
 
 
 def untraceable_lines(out_dir: str) -> List[Line]:

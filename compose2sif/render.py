@@ -218,7 +218,16 @@ def _oneline(text) -> str:
     return re.sub(r"[\x00-\x1f\x7f]", "?", str(text))  # a comment ends at a newline
 
 
-def _service_function(s: ServicePlan, fn: str, own_address: str) -> List[str]:
+def _reach_addresses(plan: Plan, s: ServicePlan) -> str:
+    """The project's addresses S may connect to (the tracer's --reach): its peers' own, and the
+    gateway where it may reach beyond the project."""
+    peers = [own_address(plan, plan.service(n)) for n in s.reach.get("services", [])]
+    if s.reach.get("outside"):
+        peers.append(gateway_address(plan.address_block))
+    return ",".join(dict.fromkeys(peers))
+
+
+def _service_function(s: ServicePlan, fn: str, own_address: str, reach: str = "") -> List[str]:
     """svc_FN(): the service's settings as run.sh's engine reads them. Keys, names of files and
     numbers are ours (plain); every other value goes through _q."""
     binds = [(f"{b.source}:{b.target}" + (":ro" if b.read_only else ""), b) for b in s.binds if not b.socket]
@@ -261,6 +270,10 @@ def _service_function(s: ServicePlan, fn: str, own_address: str) -> List[str]:
         f"    S_PUBLISHED={_array(_published(p) for p in s.ports if p.published)}",
         # as written: where the tracer puts each privileged port (c2s-loopback --map)
         f"    S_PORT_MAP={_array(f'{p.host}:{p.traced_port}' for p in s.ports if p.traced_port)}",
+        # as written: its compose networks, where they reach less than all (c2s-loopback --reach, --internal)
+        f"    S_REACH_LIMITED={1 if s.reach_limited else 0} S_REACH={_q(reach)} "
+        f"S_INTERNAL={0 if s.reach.get('outside', True) else 1}",
+        f"    S_NETWORKS={_q(','.join(s.reach.get('networks', [])) or s.reach.get('mode', ''))}",
         f"    S_HEALTH={_array(health['test'] if health else [])}",
         f"    S_CHECK={_array(s.check)}",  # its adapter's: why its program would not start
         # three words a pre_start step: its image key, its env file, its fingerprint
@@ -317,7 +330,7 @@ def render_runner(plan: Plan) -> str:
         out += ["# where services cannot get a loopback of their own, the line `up` refuses the project with",
                 f"FALLBACK_REFUSAL={_q(plan.fallback_refusal)}"]
     for s, fn in zip(plan.services, functions):
-        lines = _service_function(s, fn, own_address(plan, s))
+        lines = _service_function(s, fn, own_address(plan, s), _reach_addresses(plan, s))
         if plan.fallback is not None:
             theirs = plan.fallback.service(s.name)
             lines = _by_isolation(lines, _service_function(theirs, fn, own_address(plan.fallback, theirs)))

@@ -93,9 +93,12 @@ SERVICE_KEYS: Dict[str, KeySupport] = {
     "mem_swappiness": _u(_NO_CGROUPS), "memswap_limit": _u(_NO_CGROUPS),
     "models": _u("Docker Model Runner is not available; ignored"),
     "network_mode": _e("every instance uses the host network, each service on a loopback address of its own "
-                       "that its names map to in the hosts file"),
-    "networks": _e("no network isolation without root: all services share the host network, each on its own "
-                   "loopback address; aliases become host names for that address"),
+                       "that its names map to in the hosts file; service:X takes X's networks, host the node's "
+                       "(untraced), none reaches nothing (docs/isolation.md)"),
+    "networks": _e("as written, a service connects only to the services it shares a network with, and beyond "
+                   "the project unless all its networks are internal (c2s-loopback refuses the rest); names "
+                   "resolve for every service, aliases become host names; with the plan-time knobs nothing "
+                   "is isolated (docs/isolation.md)"),
     "oom_kill_disable": _u(_NO_CGROUPS), "oom_score_adj": _u("an unprivileged process can only raise it; ignored"),
     "pid": _e("instances share the host PID namespace, which covers `host`"),
     "pids_limit": _u(_NO_CGROUPS),

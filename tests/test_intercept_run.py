@@ -191,7 +191,9 @@ def test_up_chooses_the_loopback_where_the_check_passes_and_says_why_not_elsewhe
     other = run_lib(tmp_path, 'choose_isolation && echo "$ISOLATION"', C2S_PORT_ISOLATION="auto")
     assert other.stdout == "plan\n"
     assert other.stderr.split("] ", 1)[1] == ("port isolation: plan-time knobs only (compose2sif's package has no "
-                                             "c2s-loopback for this node's architecture, x86_64 (only for aarch64))\n")
+                                             "c2s-loopback for this node's architecture, x86_64 (only for aarch64)); "
+                                             "nothing is isolated: any user of the node reaches every port of every "
+                                             "service, and networks (internal ones too) do not keep services apart\n")
     # none at all (a compose2sif not installed by pip converted it): one line, and the knobs
     (tmp_path / "out" / "bin" / "aarch64" / "c2s-loopback").unlink()
     gone = run_lib(tmp_path, 'choose_isolation && echo "$ISOLATION"', C2S_PORT_ISOLATION="auto")

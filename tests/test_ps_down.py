@@ -73,7 +73,8 @@ def test_ps_table_and_json_have_address_port_and_uptime(project):
         assert rows["web"] == {"service": "web", "instance": "t-web", "state": "stopped", "exit_code": None,
                                 "health": "none", "ports": [8080], "endpoints": ["0.0.0.0:8080"],
                                 "published": ["127.0.0.1:18089->127.0.0.1:8080"], "not_listening": [],
-                                "warnings": [], "uptime": "", "uptime_seconds": None}
+                                "warnings": [], "uptime": "", "uptime_seconds": None,
+                                "networks": ["default"]}
     finally:
         os.killpg(starter.pid, 9)
 

@@ -1,7 +1,7 @@
 /* c2s-loopback: run a command with a per-service virtual loopback.
  *
  *   c2s-loopback --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--dns ADDR:PORT] [--record FILE]
- *                [--peers DIR] -- COMMAND [ARG]...
+ *                [--peers DIR] [--reach ADDR,...] [--internal] -- COMMAND [ARG]...
  *   c2s-loopback --serve-dns ADDR:PORT --hosts FILE   (the project's DNS server: loopback_dns.c)
  *   c2s-loopback --check [--addr 127.A.B.C]     (exit 0: works here; 1 and one line: why not)
  *   c2s-loopback --version
@@ -19,6 +19,10 @@
  *     there (nor on every address), where the service listens on its own address, goes there
  *     (a program connecting to "its" address, as found in a container, finds itself);
  *   - a connect/sendto to 127.0.0.11:53 (Docker's DNS) goes to --dns, the project's DNS server;
+ *   - with --reach, a connect/sendto to an address of the own address's /24 (the project's) that
+ *     the list does not name fails with ECONNREFUSED; with --internal, one beyond that /24 fails
+ *     with ENETUNREACH (the service's compose networks: compose2sif/plan/reach.py); the call is
+ *     skipped, and the first refusal of each destination is said on stderr;
  *   - everything else is untouched.
  * Each distinct relocation is appended once to --record, one line: KIND PROTO FROM TO. A tracer
  * started beside the service's entry (a healthcheck, an exec) with the same --record finds the
@@ -142,7 +146,7 @@ static int kernel_before(int major, int minor)
 static void usage(void)
 {
     fprintf(stderr, "usage: " NAME " --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--dns ADDR:PORT] [--record FILE]"
-                    " [--peers DIR] -- COMMAND [ARG]...\n       " NAME " --check [--addr 127.A.B.C]\n       "
+                    " [--peers DIR] [--reach ADDR,...] [--internal] -- COMMAND [ARG]...\n       " NAME " --check [--addr 127.A.B.C]\n       "
                     NAME " --serve-dns ADDR:PORT --hosts FILE\n");
     exit(EXIT_SETUP);
 }
@@ -169,6 +173,9 @@ int main(int argc, char **argv)
             break;
         } else if (!strcmp(arg, "--check")) {
             check = 1;
+            continue;
+        } else if (!strcmp(arg, "--internal")) {
+            internal_only = 1;
             continue;
         } else if (!strcmp(arg, "--version")) {
             printf(NAME " %s\n", C2S_VERSION);
@@ -203,6 +210,20 @@ int main(int argc, char **argv)
                 fprintf(stderr, NAME ": --dns wants ADDR:PORT, got %s\n", value);
                 return EXIT_SETUP;
             }
+        } else if (!strcmp(arg, "--reach")) {
+            /* ADDR,ADDR...: the project's addresses it may connect to (empty: none but its own) */
+            char list[REACH_MAX * 16], *save = NULL;
+            snprintf(list, sizeof list, "%s", value);
+            reach_count = 0;
+            for (char *item = strtok_r(list, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+                if (reach_count == REACH_MAX || inet_pton(AF_INET, item, &reach_addrs[reach_count]) != 1) {
+                    fprintf(stderr, NAME ": --reach wants up to %d IPv4 addresses, comma-separated, got %s\n",
+                            REACH_MAX, value);
+                    return EXIT_SETUP;
+                }
+                reach_count++;
+            }
+            continue;
         } else if (!strcmp(arg, "--serve-dns")) {
             serve_listen = value;
         } else if (!strcmp(arg, "--hosts")) {

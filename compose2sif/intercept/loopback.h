@@ -39,6 +39,10 @@ extern int record_fd;                    /* --record, open for appending; -1: no
 extern const char *record_path;
 extern const char *peers_dir;
 extern int legacy_order;                 /* kernel < 4.8: seccomp stop before syscall-entry stop */
+#define REACH_MAX 1024
+extern struct in_addr reach_addrs[REACH_MAX];  /* --reach: the project's addresses it may connect to */
+extern int reach_count;                  /* -1: no --reach (all of the project's) */
+extern int internal_only;                /* --internal: nothing beyond the project's /24 */
 
 /* ---- the rules (loopback_rules.c) ------------------------------------------------------------ */
 
@@ -54,6 +58,9 @@ extern const struct in6_addr v6_loopback;
 /* Rewrites *a in place for a bind (is_bind) or a connect/sendto of tracee TID on its socket FD;
  * returns 1 when it changed. */
 int relocate(union sockaddr_any *a, int is_bind, pid_t tid, long fd);
+/* 0 where a connect/sendto to *a (relocated) may go by --reach and --internal, else its errno. */
+int refusal(const union sockaddr_any *a);
+void refused_once(const union sockaddr_any *a, int err);
 /* The node's own addresses (not 127/8), once at start, for connects to them (loopback_rules.c). */
 void read_node_addresses(void);
 /* The kernel's ephemeral port range, once at start (loopback_rules.c: IPv6 loopback, port 0). */

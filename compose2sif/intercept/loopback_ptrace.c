@@ -183,7 +183,19 @@ void on_seccomp_stop(struct tracee *t)
                 int family_ok = t->original.sa.sa_family == AF_INET ||
                                 (t->original.sa.sa_family == AF_INET6 && len >= 24);
                 t->rewritten = t->original;
-                rewrite = family_ok && relocate(&t->rewritten, t->nr == SYS_bind, t->tid, t->fd) && place_copy(t, &regs) == 0;
+                int relocated = family_ok && relocate(&t->rewritten, t->nr == SYS_bind, t->tid, t->fd);
+                int err = family_ok && t->nr != SYS_bind ? refusal(&t->rewritten) : 0;
+                if (err) {  /* not on a network of the service: the call is skipped and fails */
+                    regs.orig_rax = (reg_t)-1;
+                    regs.rax = (reg_t)-err;
+                    if (ptrace(PTRACE_SETREGS, t->tid, 0, &regs) == 0) {
+                        refused_once(&t->rewritten, err);
+                        t->phase = IDLE;
+                        resume(t->tid, PTRACE_CONT, 0);
+                        return;
+                    }
+                }
+                rewrite = relocated && place_copy(t, &regs) == 0;
                 if (rewrite) {
                     *addr_register(&regs, t->nr) = t->copy_ptr;
                     if (t->copy_ptr != t->user_ptr && ptrace(PTRACE_SETREGS, t->tid, 0, &regs) < 0)

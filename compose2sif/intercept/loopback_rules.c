@@ -378,6 +378,65 @@ int relocate(union sockaddr_any *a, int is_bind, pid_t tid, long fd)
     return memcmp(&before, a, sizeof before) != 0;
 }
 
+/* ---- reach: the networks of the service (--reach, --internal) ------------------------------- */
+
+struct in_addr reach_addrs[REACH_MAX];
+int reach_count = -1;
+int internal_only;
+
+/* Whether a connect or sendto to A (as relocate left it) may go: 0, or the error it fails with.
+ * An address of the project's /24 (the own address's) other than the own one goes only where
+ * --reach lists it (with no --reach, everywhere); beyond the /24, nowhere under --internal. The
+ * project's DNS server (--dns) is reached by every service, as Docker's is from every network.
+ * [::1] on a port of the kernel's choosing ("IPv6 loopback, port 0") is the service's own. */
+int refusal(const union sockaddr_any *a)
+{
+    struct in_addr v4;
+    uint16_t port;
+    if (reach_count < 0 && !internal_only)
+        return 0;
+    if (a->sa.sa_family == AF_INET) {
+        v4 = a->in4.sin_addr;
+        port = ntohs(a->in4.sin_port);
+    } else if (a->sa.sa_family == AF_INET6) {
+        if (!memcmp(&a->in6.sin6_addr, &v6_loopback, sizeof v6_loopback))
+            return 0;
+        if (!v4_mapped(&a->in6.sin6_addr, &v4))
+            return internal_only ? ENETUNREACH : 0;
+        port = ntohs(a->in6.sin6_port);
+    } else {
+        return 0;
+    }
+    if (v4.s_addr == own_addr.s_addr || (dns_port && v4.s_addr == dns_addr.s_addr && port == dns_port))
+        return 0;
+    if ((ntohl(v4.s_addr) >> 8) != (ntohl(own_addr.s_addr) >> 8))
+        return internal_only ? ENETUNREACH : 0;
+    if (reach_count < 0)
+        return 0;
+    for (int i = 0; i < reach_count; i++)
+        if (reach_addrs[i].s_addr == v4.s_addr)
+            return 0;
+    return ECONNREFUSED;
+}
+
+/* One line on the service's stderr the first time each destination is refused (a program that
+ * retries must not fill its log). */
+void refused_once(const union sockaddr_any *a, int err)
+{
+    static char seen[64][80];
+    static int n_seen;
+    char where[80];
+    format_addr(a, where, sizeof where);
+    for (int i = 0; i < n_seen; i++)
+        if (!strcmp(seen[i], where))
+            return;
+    if (n_seen < 64)
+        snprintf(seen[n_seen++], sizeof seen[0], "%s", where);
+    fprintf(stderr, NAME ": a connection to %s was refused: %s\n", where,
+            err == ENETUNREACH ? "beyond the project, and every network of this service is internal"
+                               : "that service shares no network with this one");
+}
+
 /* ---- the record --------------------------------------------------------------------------- */
 
 static char **recorded;

@@ -26,6 +26,7 @@ from compose2sif.plan.mirrors import Mirrors
 from compose2sif.plan.network import (PORT_BLOCK, References, ServiceNet, default_address_block, default_port_base,
                                       dns_port, host_port_pairs, plan_as_written, plan_network)
 from compose2sif.plan.pre_start import plan_pre_start
+from compose2sif.plan.reach import plan_reach, restricted
 from compose2sif.plan.types import ImagePlan, Plan, PortPlan, ServicePlan
 from compose2sif.support import unsupported_warnings
 from compose2sif.types import WILDCARD, WILDCARDS, NetworkPlan
@@ -65,6 +66,11 @@ class Discovery:
     warnings: List[str]
 
 
+# what the plan-time knobs cannot do, said by convert's fallback line (and by `up` and doctor there)
+NOT_ISOLATED = ("nothing is isolated there: any user of the node reaches every port of every service, and "
+                "networks (internal ones too) do not keep services apart")
+
+
 def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
     """The plan `up` runs. With bin/c2s-loopback in the output (options.loopback): the project as
     written (plan_as_written), and in ``plan.fallback`` the plan-time knobs' plan for a node where
@@ -90,9 +96,9 @@ def build_plan(project: Project, options: Optional[PlanOptions] = None) -> Plan:
     said = [f"ports moved {', '.join(moved)}"] if moved else []
     said += [f"refused there: {', '.join(refused)}"] if refused else []
     said += [f"listening on all interfaces there: {', '.join(everywhere)}"] if everywhere else []
-    if said:
-        plan.warnings.append("where a node cannot give each service a loopback of its own, `up` falls back to the "
-                             "plan-time knobs (fallback/plan.json): " + "; ".join(said))
+    said += [NOT_ISOLATED]
+    plan.warnings.append("where a node cannot give each service a loopback of its own, `up` falls back to the "
+                         "plan-time knobs (fallback/plan.json): " + "; ".join(said))
     return plan
 
 
@@ -318,7 +324,7 @@ def draft(name: str, project: Project, found: Discovery, network: NetworkPlan, r
                    launch=found.launches[name], healthcheck=test, binds=binds, configs=configs, refs=refs,
                    tls=options.tls, ssrf_allow=list(options.ssrf_allow), model_servers=found.model_servers,
                    docker_dns=as_written,
-                   warnings=_unsupported_warnings(service) + bind_warnings)
+                   warnings=_unsupported_warnings(service, isolated=as_written) + bind_warnings)
     if not as_written:
         knobs.tell(result, found.nets[name], adapter,
                    _built_launch(_image_cmd(service, found.images[found.image_of[name]], options)))
@@ -343,9 +349,10 @@ def draft(name: str, project: Project, found: Discovery, network: NetworkPlan, r
     return result
 
 
-def _unsupported_warnings(service: Service) -> List[str]:
+def _unsupported_warnings(service: Service, isolated: bool) -> List[str]:
+    """``isolated``: its tracer keeps it to its networks (plan/reach.py); without one, nothing does."""
     warnings = unsupported_warnings(service.name, service.raw)
-    if service.network_mode not in (None, "host") or len(service.networks) > 1:
+    if not isolated and (service.network_mode not in (None, "host") or len(service.networks) > 1):
         warnings.append(f"service {service.name!r}: networks are not isolated; every service has its own "
                         "loopback address on the node's network and reaches every other by name")
     if service.runtime not in (None, "nvidia"):
@@ -377,6 +384,7 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
     waited_on = {d.service for s in services.values() for d in s.depends_on
                  if d.condition == "service_completed_successfully"}
     plans: List[ServicePlan] = []
+    reach = plan_reach(services, project.config.get("networks") or {})
     unknown_workdir: List[str] = []
     tls_ports: Dict[str, int] = {}
     for name, service in services.items():
@@ -431,7 +439,7 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
             warnings=result.warnings,
             fakeroot=_fakeroot(service, adapter), probe_environment=probe_environment,
             host_network=service.network_mode == "host", needs_loopback=network.needs_loopback.get(name, ""),
-            replica_of=service.replica_of))
+            replica_of=service.replica_of, reach=reach[name].to_json(), reach_limited=restricted(reach, name)))
         warnings.extend(result.warnings)
     if found.presets:
         warnings.append("preset " + ", ".join(sorted(found.presets)) + ": its adapters shape "

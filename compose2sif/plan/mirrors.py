@@ -3,7 +3,7 @@
 `--registry-mirror [REGISTRY=][http://]HOST[:PORT][/PREFIX]` (repeatable) and `C2S_REGISTRY_MIRRORS`
 (the same, comma-separated) map a registry to a site's pull-through mirror. With no `REGISTRY=` the
 mirror is Docker Hub's, as Docker's own `registry-mirrors` is. A Docker Hub image keeps its
-`library/` part on the mirror (`postgres:16` -> `HOST/library/postgres:16`, as Distribution's proxy
+`library/` part on the mirror (`app:1` -> `HOST/library/app:1`, as Distribution's proxy
 and Harbor's proxy projects serve it); another registry's image keeps its repository path under the
 prefix (`ghcr.io=HOST/ghcr.io` maps `ghcr.io/x/y:1` to `HOST/ghcr.io/x/y:1`). `http://` says the
 mirror speaks plain HTTP: run.sh then builds from it with `--nohttps` and reads its digests over

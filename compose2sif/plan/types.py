@@ -68,6 +68,9 @@ class ServicePlan:
     host_network: bool = False        # network_mode: host: the node's network as it is (never relocated)
     needs_loopback: str = ""          # why `up` refuses it where services cannot get a loopback of their own
     replica_of: Optional[str] = None  # one of the replicas NAME-1..NAME-N of this service (deploy.replicas)
+    # who it may connect to, by its compose networks (plan/reach.py): networks, services, outside, mode
+    reach: Dict[str, Any] = field(default_factory=dict)
+    reach_limited: bool = False       # less than every service and beyond: the tracer is told (--reach)
 
 
 @dataclass

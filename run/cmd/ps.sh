@@ -9,7 +9,7 @@
 cmd_ps() {
     local health pid i rows=() w=() probes=() later=() probing=0 running=()
     declare -A ipid_of=()
-    PS_JSON=0 PS_ROWS=() PS_WAITING=()
+    PS_JSON=0 PS_ROWS=() PS_WAITING=() NETWORK_ROWS=()
     [ "${1:-}" = --format ] && [ "${2:-}" = json ] && PS_JSON=1
     detect_runtime --images-only
     make_dirs "$RUNDIR"
@@ -60,6 +60,7 @@ cmd_ps() {
         fi
     fi
     [ ${#PS_WAITING[@]} -eq 0 ] || printf 'WAIT %s\n' "${PS_WAITING[@]}"  # (not_listening_yet)
+    networks_lines
     tell_truth WARN "${SERVICES[@]}"  # what they listen on where the plan says otherwise
     relocation_lines "${running[@]}" | sed 's/^/RELOCATED service /'  # what the tracer moved (run/lib/isolation.sh)
     return 0

@@ -97,7 +97,7 @@ choose_isolation() {
     write_hosts  # (the names of the mode chosen)
     if [ "$ISOLATION" = plan ]; then
         [ "$requested" = intercept ] && die "up: C2S_PORT_ISOLATION=intercept, but $ISOLATION_WHY"
-        note "port isolation: plan-time knobs only ($ISOLATION_WHY)"
+        note "port isolation: plan-time knobs only ($ISOLATION_WHY); nothing is isolated: any user of the node reaches every port of every service, and networks (internal ones too) do not keep services apart"
     fi
     return 0
 }
@@ -112,6 +112,9 @@ tracer_words() {
     TRACER_WORDS=("$LOOPBACK_IN" --addr "$S_OWN_ADDRESS" "$@")
     for m in "${S_PORT_MAP[@]}"; do TRACER_WORDS+=(--map "$m"); done
     TRACER_WORDS+=(--dns "$DNS_ENDPOINT" --record "$RECORDS_IN/$S_NAME" --peers "$RECORDS_IN")
+    # its compose networks: the project's addresses it may connect to, and none beyond where all are internal
+    if [ "$S_REACH_LIMITED" = 1 ]; then TRACER_WORDS+=(--reach "$S_REACH"); fi
+    if [ "$S_INTERNAL" = 1 ]; then TRACER_WORDS+=(--internal); fi
 }
 
 # In intercept mode, the flags that start the loaded service's entry under the tracer (added to

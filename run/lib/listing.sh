@@ -24,7 +24,7 @@ human_duration() {
 # it listens on where the plan says otherwise) are its "warnings" (the table's notes, cmd_ps).
 # A service whose status says it runs while no instance is left goes to STALE_KILLED (tell_stale);
 # one that `up` found not listening yet on some of its ports, and still does not, to PS_WAITING.
-PS_JSON=0 PS_ROWS=() PS_WAITING=()
+PS_JSON=0 PS_ROWS=() PS_WAITING=() NETWORK_ROWS=()
 ps_row() {
     local i=$1 st=$2 health=$3 status="" rc="" e k ports="" addresses="" quoted="" forwards="" truth="" cells=() row
     { IFS= read -r status || true; } 2>/dev/null <"$RUNDIR/$S_NAME.status"
@@ -74,13 +74,33 @@ ps_row() {
     if [ "$PS_JSON" = 1 ]; then
         case "$rc" in '' | *[!0-9-]*) rc=null ;; esac
         for e in "$S_NAME" "$S_INSTANCE" "$st" "$health" "$DURATION"; do json_str "$e"; cells+=("$JSON_STR"); done
-        printf -v row '{"service":%s,"instance":%s,"state":%s,"exit_code":%s,"health":%s,"ports":[%s],"endpoints":[%s],"published":[%s],"not_listening":[%s],"warnings":[%s],"uptime":%s,"uptime_seconds":%s}' \
+        local networks="" net
+        for net in ${S_NETWORKS//,/ }; do json_str "$net"; networks+=${networks:+,}$JSON_STR; done
+        printf -v row '{"service":%s,"instance":%s,"state":%s,"exit_code":%s,"health":%s,"ports":[%s],"endpoints":[%s],"published":[%s],"not_listening":[%s],"warnings":[%s],"uptime":%s,"uptime_seconds":%s,"networks":[%s]}' \
             "${cells[0]}" "${cells[1]}" "${cells[2]}" "$rc" "${cells[3]}" "$ports" "$quoted" "$forwards" \
-            "${SERVICE_PORTS//, /,}" "$truth" "${cells[4]}" "${UPTIME_S:-null}"
+            "${SERVICE_PORTS//, /,}" "$truth" "${cells[4]}" "${UPTIME_S:-null}" "$networks"
         PS_ROWS[i]=$row
     else
         [ "$st" = exited ] && [ -n "$rc" ] && st="exited($rc)"  # killed: no code was written
         cells=("$S_NAME" "$S_INSTANCE" "$st" "$health" "${addresses:--}" "${DURATION:--}")
         for e in 0 1 2 3 4 5; do PS_ROWS[i * 6 + e]=${cells[e]}; done
+        NETWORK_ROWS[i]="$S_NAME ${S_NETWORKS//,/ }"
     fi
+}
+
+# After the table, where the project has networks of its own: "NETWORK NAME: SERVICE ..." for
+# each, from the rows' services (S_NETWORKS: its compose networks, or its network_mode).
+networks_lines() {
+    local entry net name
+    declare -A members=()
+    local order=()
+    for entry in "${NETWORK_ROWS[@]}"; do
+        read -r name entry <<<"$entry"
+        for net in $entry; do
+            [ -n "${members[$net]:-}" ] || order+=("$net")
+            members[$net]+=" $name"
+        done
+    done
+    [ "${order[*]}" = default ] || [ ${#order[@]} -eq 0 ] && return 0
+    for net in "${order[@]}"; do printf 'NETWORK %s:%s\n' "$net" "${members[$net]}"; done
 }

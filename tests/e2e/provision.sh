@@ -252,12 +252,12 @@ for recipe in "$here"/images/*.image; do
         install -D -m 0755 "$here/images/${f%%:*}" "$rootfs/${f#*:}"
     done
     [ -z "$POST" ] || chroot "$rootfs" sh -c "$POST"
+    layout="$dir/oci"
+    [ -d "$layout" ] || umoci init --layout "$layout"
     # what it was built from: Debian moves under the tests (sid), so each image's package versions are kept
     # beside it and printed below
     chroot "$rootfs" dpkg-query -W -f '${Package} ${Version}\n' >"$dir/oci/$name.packages"
     rm -f "$rootfs/.done" "$rootfs/usr/sbin/policy-rc.d"
-    layout="$dir/oci"
-    [ -d "$layout" ] || umoci init --layout "$layout"
     umoci new --image "$layout:$name"
     rm -rf "$dir/bundle"
     umoci unpack --rootless --image "$layout:$name" "$dir/bundle" >/dev/null

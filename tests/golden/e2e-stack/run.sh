@@ -81,6 +81,7 @@ svc_0_db() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_NETWORKS=default
     S_HEALTH=(CMD-SHELL 'pg_isready -h db -U app -d app')
     S_CHECK=()
     S_PRE_START=()
@@ -90,8 +91,10 @@ svc_0_db() {
     S_STOP_GRACE=10
     if [ "$ISOLATION" = intercept ]; then
         S_ENV="$HERE/env/db.env"
+        S_REACH_LIMITED=0 S_REACH=127.45.3.2,127.45.3.4,127.45.3.5,127.45.3.6,127.45.3.7,127.45.3.8,127.45.3.1 S_INTERNAL=0
     else
         S_ENV="$HERE/fallback/env/db.env"
+        S_REACH_LIMITED=0 S_REACH='' S_INTERNAL=0
     fi
 }
 svc_1_llm() {
@@ -122,6 +125,7 @@ svc_1_llm() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_NETWORKS=default
     S_CHECK=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=1.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=120
@@ -130,9 +134,11 @@ svc_1_llm() {
     S_STOP_GRACE=10
     if [ "$ISOLATION" = intercept ]; then
         S_ENV="$HERE/env/llm.env"
+        S_REACH_LIMITED=0 S_REACH=127.45.3.2,127.45.3.3,127.45.3.4,127.45.3.6,127.45.3.7,127.45.3.8,127.45.3.1 S_INTERNAL=0
         S_HEALTH=(CMD curl -fsS http://localhost:8080/health)
     else
         S_ENV="$HERE/fallback/env/llm.env"
+        S_REACH_LIMITED=0 S_REACH='' S_INTERNAL=0
         S_HEALTH=(CMD curl -fsS http://127.45.3.5:8080/health)
     fi
 }
@@ -164,6 +170,7 @@ svc_2_redis() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_NETWORKS=default
     S_HEALTH=(CMD redis-cli -h 127.45.3.7 ping)
     S_CHECK=()
     S_PRE_START=()
@@ -173,8 +180,10 @@ svc_2_redis() {
     S_STOP_GRACE=10
     if [ "$ISOLATION" = intercept ]; then
         S_ENV="$HERE/env/redis.env"
+        S_REACH_LIMITED=0 S_REACH=127.45.3.2,127.45.3.3,127.45.3.4,127.45.3.5,127.45.3.6,127.45.3.8,127.45.3.1 S_INTERNAL=0
     else
         S_ENV="$HERE/fallback/env/redis.env"
+        S_REACH_LIMITED=0 S_REACH='' S_INTERNAL=0
     fi
 }
 svc_3_init() {
@@ -205,6 +214,7 @@ svc_3_init() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_NETWORKS=default
     S_HEALTH=()
     S_CHECK=()
     S_PRE_START=()
@@ -213,8 +223,10 @@ svc_3_init() {
     S_STOP_GRACE=10
     if [ "$ISOLATION" = intercept ]; then
         S_ENV="$HERE/env/init.env"
+        S_REACH_LIMITED=0 S_REACH=127.45.3.2,127.45.3.3,127.45.3.5,127.45.3.6,127.45.3.7,127.45.3.8,127.45.3.1 S_INTERNAL=0
     else
         S_ENV="$HERE/fallback/env/init.env"
+        S_REACH_LIMITED=0 S_REACH='' S_INTERNAL=0
     fi
 }
 svc_4_api() {
@@ -245,6 +257,7 @@ svc_4_api() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_NETWORKS=default
     S_HEALTH=(CMD python3 /app/server.py health)
     S_CHECK=()
     S_PRE_START=()
@@ -254,8 +267,10 @@ svc_4_api() {
     S_STOP_GRACE=10
     if [ "$ISOLATION" = intercept ]; then
         S_ENV="$HERE/env/api.env"
+        S_REACH_LIMITED=0 S_REACH=127.45.3.3,127.45.3.4,127.45.3.5,127.45.3.6,127.45.3.7,127.45.3.8,127.45.3.1 S_INTERNAL=0
     else
         S_ENV="$HERE/fallback/env/api.env"
+        S_REACH_LIMITED=0 S_REACH='' S_INTERNAL=0
     fi
 }
 svc_5_worker() {
@@ -286,6 +301,7 @@ svc_5_worker() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_NETWORKS=default
     S_HEALTH=(CMD python3 /app/server.py health)
     S_CHECK=()
     S_PRE_START=()
@@ -295,8 +311,10 @@ svc_5_worker() {
     S_STOP_GRACE=10
     if [ "$ISOLATION" = intercept ]; then
         S_ENV="$HERE/env/worker.env"
+        S_REACH_LIMITED=0 S_REACH=127.45.3.2,127.45.3.3,127.45.3.4,127.45.3.5,127.45.3.6,127.45.3.7,127.45.3.1 S_INTERNAL=0
     else
         S_ENV="$HERE/fallback/env/worker.env"
+        S_REACH_LIMITED=0 S_REACH='' S_INTERNAL=0
     fi
 }
 svc_6_proxy() {
@@ -323,6 +341,7 @@ svc_6_proxy() {
     S_SOCKETS=()
     S_EMPTY=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)
     S_PUBLISHED=('80 0.0.0.0:18080')
+    S_NETWORKS=default
     S_HEALTH=()
     S_CHECK=()
     S_PRE_START=()
@@ -335,12 +354,14 @@ svc_6_proxy() {
         S_ENDPOINTS=('127.45.3.6:80?' '127.45.3.6:443?')
         S_FORWARDS=(0.0.0.0:18080 127.45.3.6:80)
         S_PORT_MAP=(80:30050 443:30051)
+        S_REACH_LIMITED=0 S_REACH=127.45.3.2,127.45.3.3,127.45.3.4,127.45.3.5,127.45.3.7,127.45.3.8,127.45.3.1 S_INTERNAL=0
     else
         S_ENV="$HERE/fallback/env/proxy.env"
         S_BINDS=(state/services/proxy/scratch/run:/run state/services/proxy/scratch/tmp:/tmp state/services/proxy/scratch/var_run:/var/run state/services/proxy/scratch/var_cache_nginx:/var/cache/nginx state/services/proxy/scratch/var_log_nginx:/var/log/nginx state/services/proxy/scratch/var_lib_nginx:/var/lib/nginx fallback/config/proxy/root/etc/nginx/conf.d:/etc/nginx/conf.d:ro)
         S_ENDPOINTS=('127.45.3.6:30000?' '127.45.3.6:30001?')
         S_FORWARDS=(0.0.0.0:18080 127.45.3.6:30000)
         S_PORT_MAP=()
+        S_REACH_LIMITED=0 S_REACH='' S_INTERNAL=0
     fi
 }
 

@@ -81,6 +81,7 @@ svc_0_db() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_NETWORKS=default
     S_HEALTH=(CMD-SHELL 'pg_isready -U ${POSTGRES_USER} -d ${POSTGRES_DB}')
     S_CHECK=()
     S_PRE_START=()
@@ -90,8 +91,10 @@ svc_0_db() {
     S_STOP_GRACE=10
     if [ "$ISOLATION" = intercept ]; then
         S_ENV="$HERE/env/db.env"
+        S_REACH_LIMITED=0 S_REACH=127.45.3.2,127.45.3.4,127.45.3.5,127.45.3.6,127.45.3.7,127.45.3.1 S_INTERNAL=0
     else
         S_ENV="$HERE/fallback/env/db.env"
+        S_REACH_LIMITED=0 S_REACH='' S_INTERNAL=0
     fi
 }
 svc_1_llm() {
@@ -122,6 +125,7 @@ svc_1_llm() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_NETWORKS=default
     S_CHECK=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=3
@@ -130,9 +134,11 @@ svc_1_llm() {
     S_STOP_GRACE=10
     if [ "$ISOLATION" = intercept ]; then
         S_ENV="$HERE/env/llm.env"
+        S_REACH_LIMITED=0 S_REACH=127.45.3.2,127.45.3.3,127.45.3.5,127.45.3.6,127.45.3.7,127.45.3.1 S_INTERNAL=0
         S_HEALTH=(CMD-SHELL 'curl -fsS http://localhost:8000/health || exit 1')
     else
         S_ENV="$HERE/fallback/env/llm.env"
+        S_REACH_LIMITED=0 S_REACH='' S_INTERNAL=0
         S_HEALTH=(CMD-SHELL 'curl -fsS http://127.45.3.4:8000/health || exit 1')
     fi
 }
@@ -164,6 +170,7 @@ svc_2_redis() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_NETWORKS=default
     S_HEALTH=(CMD redis-cli -h 127.45.3.6 ping)
     S_CHECK=()
     S_PRE_START=()
@@ -173,8 +180,10 @@ svc_2_redis() {
     S_STOP_GRACE=10
     if [ "$ISOLATION" = intercept ]; then
         S_ENV="$HERE/env/redis.env"
+        S_REACH_LIMITED=0 S_REACH=127.45.3.2,127.45.3.3,127.45.3.4,127.45.3.5,127.45.3.7,127.45.3.1 S_INTERNAL=0
     else
         S_ENV="$HERE/fallback/env/redis.env"
+        S_REACH_LIMITED=0 S_REACH='' S_INTERNAL=0
     fi
 }
 svc_3_api() {
@@ -205,6 +214,7 @@ svc_3_api() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_NETWORKS=default
     S_HEALTH=()
     S_CHECK=()
     S_PRE_START=()
@@ -213,8 +223,10 @@ svc_3_api() {
     S_STOP_GRACE=10
     if [ "$ISOLATION" = intercept ]; then
         S_ENV="$HERE/env/api.env"
+        S_REACH_LIMITED=0 S_REACH=127.45.3.3,127.45.3.4,127.45.3.5,127.45.3.6,127.45.3.7,127.45.3.1 S_INTERNAL=0
     else
         S_ENV="$HERE/fallback/env/api.env"
+        S_REACH_LIMITED=0 S_REACH='' S_INTERNAL=0
     fi
 }
 svc_4_web() {
@@ -245,6 +257,7 @@ svc_4_web() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_NETWORKS=default
     S_CHECK=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=10.0 S_HEALTH_TIMEOUT=3.0 S_HEALTH_RETRIES=5
@@ -253,9 +266,11 @@ svc_4_web() {
     S_STOP_GRACE=10
     if [ "$ISOLATION" = intercept ]; then
         S_ENV="$HERE/env/web.env"
+        S_REACH_LIMITED=0 S_REACH=127.45.3.2,127.45.3.3,127.45.3.4,127.45.3.5,127.45.3.6,127.45.3.1 S_INTERNAL=0
         S_HEALTH=(CMD wget -qO- http://localhost:3000/healthz)
     else
         S_ENV="$HERE/fallback/env/web.env"
+        S_REACH_LIMITED=0 S_REACH='' S_INTERNAL=0
         S_HEALTH=(CMD wget -qO- http://127.45.3.7:3000/healthz)
     fi
 }
@@ -283,6 +298,7 @@ svc_5_proxy() {
     S_SOCKETS=()
     S_EMPTY=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)
     S_PUBLISHED=('80 0.0.0.0:8080')
+    S_NETWORKS=default
     S_HEALTH=()
     S_CHECK=()
     S_PRE_START=()
@@ -295,12 +311,14 @@ svc_5_proxy() {
         S_ENDPOINTS=('127.45.3.5:80?' '127.45.3.5:443?')
         S_FORWARDS=(0.0.0.0:8080 127.45.3.5:80)
         S_PORT_MAP=(80:30050 443:30051)
+        S_REACH_LIMITED=0 S_REACH=127.45.3.2,127.45.3.3,127.45.3.4,127.45.3.6,127.45.3.7,127.45.3.1 S_INTERNAL=0
     else
         S_ENV="$HERE/fallback/env/proxy.env"
         S_BINDS=(state/services/proxy/scratch/run:/run state/services/proxy/scratch/tmp:/tmp state/services/proxy/scratch/var_run:/var/run state/services/proxy/scratch/var_cache_nginx:/var/cache/nginx state/services/proxy/scratch/var_log_nginx:/var/log/nginx state/services/proxy/scratch/var_lib_nginx:/var/lib/nginx fallback/config/proxy/root/etc/nginx/conf.d:/etc/nginx/conf.d:ro)
         S_ENDPOINTS=('127.45.3.5:30000?' '127.45.3.5:30001?')
         S_FORWARDS=(0.0.0.0:8080 127.45.3.5:30000)
         S_PORT_MAP=()
+        S_REACH_LIMITED=0 S_REACH='' S_INTERNAL=0
     fi
 }
 

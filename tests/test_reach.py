@@ -1,0 +1,110 @@
+"""Who reaches whom (compose2sif/plan/reach.py): the rules on a project that has each of Compose's
+network forms, and for every real project of ../shared/realworld that the reach table loses no
+connection Docker allows and adds none, each pair computed from Docker Compose's own `config` of the
+project (the oracle), not from compose2sif's loader."""
+import itertools
+from pathlib import Path
+
+import pytest
+
+from compose2sif.load import ProjectOptions, load_project
+from compose2sif.model import services as typed_services
+from compose2sif.plan.reach import plan_reach, restricted
+from oracle import base_env, oracle_mark, run_oracle
+from test_realworld_config import PROJECTS, REALWORLD
+
+NETWORKS = """
+services:
+  front: {image: x, networks: [web]}
+  api: {image: x, networks: [web, data]}
+  db: {image: x, networks: [data]}
+  sandbox: {image: x, networks: [jail]}
+  proxy: {image: x, networks: [jail, web]}
+  sidecar: {image: x, network_mode: "service:api"}
+  node: {image: x, network_mode: host}
+  alone: {image: x, network_mode: none}
+  plain: {image: x}
+  worker: {image: x, deploy: {replicas: 2}}
+networks:
+  web: {}
+  data: {internal: true}
+  jail: {internal: true}
+"""
+
+
+def reach_of(tmp_path, text):
+    (tmp_path / "compose.yaml").write_text(text)
+    project = load_project(ProjectOptions(cwd=str(tmp_path), environ={}))
+    return plan_reach(typed_services(project), project.config.get("networks") or {})
+
+
+def test_each_network_form_reaches_as_docker_says(tmp_path):
+    reach = reach_of(tmp_path, NETWORKS)
+    assert reach["front"].services == ["api", "node", "proxy", "sidecar"] and reach["front"].outside
+    assert reach["api"].services == ["db", "front", "node", "proxy", "sidecar"] and reach["api"].outside
+    # on an internal network alone: its peers there, nothing beyond (not even the host-network service)
+    assert reach["db"].services == ["api", "sidecar"] and not reach["db"].outside
+    assert reach["sandbox"].services == ["proxy"] and not reach["sandbox"].outside
+    assert reach["proxy"].services == ["api", "front", "node", "sandbox", "sidecar"] and reach["proxy"].outside
+    # service:api is api's network stack: its networks and peers, api itself included
+    assert reach["sidecar"].mode == "service:api" and reach["sidecar"].networks == ["web", "data"]
+    assert reach["sidecar"].services == ["api", "db", "front", "node", "proxy"]
+    assert reach["node"].mode == "host" and reach["node"].outside and len(reach["node"].services) == 10
+    assert reach["alone"].services == [] and not reach["alone"].outside and reach["alone"].mode == "none"
+    # the default network: plain and both replicas, and the host-network service beyond
+    assert reach["plain"].networks == ["default"] and reach["plain"].services == ["node", "worker-1", "worker-2"]
+    assert reach["worker-1"].services == ["node", "plain", "worker-2"]
+    assert {n for n in reach if restricted(reach, n)} == set(reach) - {"node"}
+
+
+def test_a_project_on_its_default_network_alone_restricts_nobody(tmp_path):
+    reach = reach_of(tmp_path, "services:\n  a: {image: x}\n  b: {image: x, ports: ['80']}\n"
+                               "  c: {image: x, network_mode: host}\n")
+    assert not any(restricted(reach, n) for n in reach)
+
+
+def docker_pairs(config):
+    """(S, T) where Docker lets S connect to T, from `docker compose config`'s JSON: they share a
+    network stack or a network; T on the host network for S with a network that is not internal."""
+    services = config["services"]
+    internal = {n for n, spec in (config.get("networks") or {}).items() if (spec or {}).get("internal")}
+
+    def stack(name, seen=()):
+        mode = services[name].get("network_mode") or ""
+        target = mode[len("service:"):] if mode.startswith("service:") else None
+        return stack(target, seen + (name,)) if target in services and target not in seen else name
+
+    def nets(name):
+        return set(services[stack(name)].get("networks") or {})
+
+    def mode(name):
+        return services[stack(name)].get("network_mode") or ""
+    pairs = set()
+    for s, t in itertools.permutations(services, 2):
+        beyond = mode(s).startswith("container:") or any(n not in internal for n in nets(s))
+        if mode(s) == "host" or stack(s) == stack(t) or nets(s) & nets(t) or (mode(t) == "host" and beyond):
+            pairs.add((s, t))
+    return pairs
+
+
+@oracle_mark()
+@pytest.mark.parametrize("name", sorted(PROJECTS))
+def test_every_real_projects_reach_is_what_docker_allows(name):
+    where, args = PROJECTS[name]
+    cwd = REALWORLD / where
+    env = base_env({})
+    rc, theirs, err = run_oracle(args, cwd, env)
+    assert rc == 0, f"the oracle rejected {name}: {err}"
+    files = [args[i + 1] for i, a in enumerate(args) if a == "-f"]
+    profiles = [args[i + 1] for i, a in enumerate(args) if a == "--profile"]
+    env_files = [args[i + 1] for i, a in enumerate(args) if a == "--env-file"]
+    project_name = next((args[i + 1] for i, a in enumerate(args) if a == "-p"), None)
+    project = load_project(ProjectOptions(cwd=str(cwd), files=files, profiles=profiles, env_files=env_files or None,
+                                          project_name=project_name, environ=env))
+    services = typed_services(project)
+    reach = plan_reach(services, project.config.get("networks") or {})
+    base = {n: s.replica_of or n for n, s in services.items()}
+    ours = {(base[s], base[t]) for s, r in reach.items() for t in r.services if base[s] != base[t]}
+    wanted = {(s, t) for s, t in docker_pairs(theirs) if s in base.values() and t in base.values()}  # (not scaled to 0)
+    assert not wanted - ours, f"connections Docker allows that the reach table loses: {sorted(wanted - ours)}"
+    assert not ours - wanted, f"connections Docker does not allow that the reach table adds: {sorted(ours - wanted)}"
