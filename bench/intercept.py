@@ -15,7 +15,9 @@ ratios, traced against untraced, each the median of interleaved rounds.
    Python's ThreadingHTTPServer (HTTP/1.1); --server runs another one that binds 0.0.0.0:{port}
    (e.g. a Go server: --server '/usr/bin/etcd --data-dir /tmp/e --listen-client-urls
    http://0.0.0.0:{port} --advertise-client-urls http://127.0.0.1:{port}' with path /version).
-Needs cc (the tracer and the C loops are built here) and Linux x86_64.
+Section 1 and 2 also run the client of another service under --reach with 250 addresses (a
+service on networks of 250 peers, the server's the last): the networks check's cost.
+Needs compose2sif installed by pip (its packaged c2s-loopback), cc (the C loops) and Linux x86_64.
 """
 import argparse
 import os
@@ -32,6 +34,8 @@ from pathlib import Path
 SOURCE = Path(__file__).resolve().parent.parent / "compose2sif" / "intercept"
 ADDR = "127.0.10.1"    # the service's own address in the traced runs
 OTHER = "127.0.10.2"   # another service's address
+# a service on networks with 250 peers, the one it connects to among the last: --reach checks each connect (docs/isolation.md)
+REACH_WORDS = ("--reach", ",".join([f"127.0.10.{i}" for i in range(3, 251)] + [OTHER, ADDR]))
 
 LOOPS = r"""
 #include <arpa/inet.h>
@@ -143,8 +147,11 @@ def main() -> None:
 
 
 def build(work: Path) -> None:
-    """The tracer and the C loops, both static (so they run on a machine without cc)."""
-    subprocess.run([str(SOURCE / "build.sh"), str(work / "c2s-loopback")], check=True)
+    """The tracer as the package built it (pip install), and the C loops, static (so they run on a
+    machine without cc)."""
+    from compose2sif import helpers
+    import shutil
+    shutil.copy2(Path(helpers.PACKAGED) / "x86_64" / "c2s-loopback", work / "c2s-loopback")
     (work / "loops.c").write_text(LOOPS)
     subprocess.run(["cc", "-O2", "-static", "-pthread", "-o", str(work / "loops"), str(work / "loops.c")],
                    check=True)
@@ -153,8 +160,8 @@ def build(work: Path) -> None:
 def measure(args, work: Path) -> None:
     tracer = work / "c2s-loopback"
 
-    def under_tracer(argv, traced):
-        return [str(tracer), "--addr", ADDR, "--", *argv] if traced else argv
+    def under_tracer(argv, traced, reach=()):
+        return [str(tracer), "--addr", ADDR, *reach, "--", *argv] if traced else argv
 
     print(f"kernel {os.uname().release}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
           f"medians of {args.rounds} rounds")
@@ -162,6 +169,7 @@ def measure(args, work: Path) -> None:
     cases = {"connect, untraced": (False, ["connect", str(args.connects), ADDR, "9"]),
              "connect, rewritten": (True, ["connect", str(args.connects), "127.0.0.1", "9"]),
              "connect, left alone": (True, ["connect", str(args.connects), OTHER, "9"]),
+             "connect, --reach 250": (True, ["connect", str(args.connects), OTHER, "9"]),
              "fork+wait, untraced": (False, ["fork", str(args.connects // 50)]),
              "fork+wait, traced": (True, ["fork", str(args.connects // 50)]),
              "thread+join, untraced": (False, ["thread", str(args.connects // 20)]),
@@ -169,7 +177,8 @@ def measure(args, work: Path) -> None:
     us = {name: [] for name in cases}
     for _ in range(args.rounds):
         for name, (traced, loop) in cases.items():
-            out = subprocess.run(under_tracer([str(work / "loops"), *loop], traced),
+            reach = REACH_WORDS if name.endswith("--reach 250") else ()
+            out = subprocess.run(under_tracer([str(work / "loops"), *loop], traced, reach),
                                  capture_output=True, text=True, check=True).stdout
             us[name].append(float(out))
     print(f"\none call in a C loop ({args.connects} UDP connects, a 50th as many forks, a 20th as many threads)")
@@ -197,12 +206,14 @@ def measure(args, work: Path) -> None:
                 for keep_alive in (True, False):
                     # traced: a client of the same service (127.0.0.1, rewritten) and one of another
                     # service (the server's address, left alone); untraced: the server's address
-                    for client_case, host, client_addr in ((("same", "127.0.0.1", ADDR), ("other", ADDR, OTHER))
+                    for client_case, host, client_addr in ((("same", "127.0.0.1", ADDR), ("other", ADDR, OTHER),
+                                                            ("reach", ADDR, OTHER))
                                                            if traced else (("plain", ADDR, None),)):
                         client = [sys.executable, "-c", CLIENT, host, str(port), args.path,
                                   "1" if keep_alive else "0", str(args.seconds)]
                         if client_addr:
-                            client = [str(tracer), "--addr", client_addr, "--", *client]
+                            reach = REACH_WORDS if client_case == "reach" else ()
+                            client = [str(tracer), "--addr", client_addr, *reach, "--", *client]
                         before = resource.getrusage(resource.RUSAGE_CHILDREN)
                         out = subprocess.run(client, capture_output=True, text=True, check=True)
                         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -215,10 +226,12 @@ def measure(args, work: Path) -> None:
                 server.terminate()
                 server.wait()
     for keep_alive in (True, False):
-        plain, same, other = (statistics.median(rates[(keep_alive, c)]) for c in ("plain", "same", "other"))
+        plain, same, other, reach = (statistics.median(rates[(keep_alive, c)])
+                                     for c in ("plain", "same", "other", "reach"))
         label = "keep-alive" if keep_alive else "new connection per request"
         print(f"  {label:27s} untraced {plain:7.0f}/s | traced: client of the same service {same:7.0f}/s"
-              f" ({same / plain:5.3f}), of another service {other:7.0f}/s ({other / plain:5.3f})")
+              f" ({same / plain:5.3f}), of another service {other:7.0f}/s ({other / plain:5.3f}),"
+              f" that one under --reach of 250 {reach:7.0f}/s ({reach / plain:5.3f})")
         plain, same, other = (statistics.median(cpu_us[(keep_alive, c)]) for c in ("plain", "same", "other"))
         print(f"  {'':27s} client CPU per request: untraced {plain:6.1f} us | same service {same:6.1f} us"
               f" (+{same - plain:.1f}), another service {other:6.1f} us (+{other - plain:.1f})")
