@@ -269,6 +269,49 @@ def test_other_addresses_are_untouched(services, tracer, tmp_path):
     assert refused("127.0.0.1", port)
 
 
+CONNECT_EACH = textwrap.dedent("""
+    import socket, sys
+    for target in sys.argv[1:]:
+        host, port = target.rsplit(":", 1)
+        host = host.strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s.connect((host, int(port)))
+            print(target, "ok")
+        except OSError as e:
+            print(target, e.errno)
+""")
+
+
+def test_reach_and_internal_refuse_what_the_services_networks_do_not_reach(services, tracer, tmp_path):
+    """--reach: of the own /24, only the listed addresses (ECONNREFUSED, the call never made);
+    --internal: nothing beyond it, nor its gateway .1 (ENETUNREACH); the own address, the DNS
+    endpoint and 127.0.0.1 (the own address) always go. Each refusal is said once on stderr."""
+    port = free_port("127.0.0.1")
+    for addr in ("127.0.9.3", "127.0.9.4", "127.0.9.1", "127.0.8.9"):  # a peer, a stranger, the gateway, outside
+        services(addr, [sys.executable, "-c", SERVE_ONE_LINE, str(port)]).proc.stdout.readline()
+    targets = [f"{a}:{port}" for a in ("127.0.9.3", "127.0.9.4", "127.0.9.1", "127.0.8.9")]
+    free = traced(tracer, "127.0.9.2", [sys.executable, "-c", CONNECT_EACH, *targets])
+    assert free.stdout.split() == [w for t in targets for w in (t, "ok")], free.stderr
+    limited = traced(tracer, "127.0.9.2", [sys.executable, "-c", CONNECT_EACH, *targets, *targets],
+                     "--reach", "127.0.9.3,127.0.9.1")
+    assert limited.stdout.split()[:8] == [targets[0], "ok", targets[1], "111", targets[2], "ok", targets[3], "ok"]
+    assert limited.stderr.count("was refused") == 1 and "127.0.9.4" in limited.stderr  # once, though asked twice
+    jailed = traced(tracer, "127.0.9.2", [sys.executable, "-c", CONNECT_EACH, *targets, f"127.0.0.1:{port}",
+                                          "[::ffff:127.0.8.9]:1", "[2001:db8::1]:80"],
+                    "--reach", "127.0.9.3", "--internal", "--dns", "127.0.9.1:1")
+    assert jailed.stdout.split() == [targets[0], "ok", targets[1], "111", targets[2], "101", targets[3], "101",
+                                     f"127.0.0.1:{port}", "111",  # the own address, where nothing listens
+                                     "[::ffff:127.0.8.9]:1", "101", "[2001:db8::1]:80", "101"], jailed.stderr
+    assert "every network of this service is internal" in jailed.stderr
+    dns = traced(tracer, "127.0.9.2", [sys.executable, "-c", CONNECT_EACH, "127.0.0.11:53"],
+                 "--reach", "", "--internal", "--dns", f"127.0.9.1:{port}")
+    assert dns.stdout.split() == ["127.0.0.11:53", "ok"], dns.stderr  # the project's DNS (its stand-in here)
+    bad = traced(tracer, "127.0.9.2", ["true"], "--reach", "127.0.9.3,not-an-address")
+    assert bad.returncode == 125 and "--reach wants" in bad.stderr
+
+
 # A rendezvous as torch.distributed's (vLLM's tensor-parallel ranks) makes one: the address found
 # the way vLLM's get_ip does (a UDP connect towards the outside: nothing is sent), a server on
 # every address of a port of the kernel's choosing, and a client connecting to the found address.

@@ -386,7 +386,8 @@ int internal_only;
 
 /* Whether a connect or sendto to A (as relocate left it) may go: 0, or the error it fails with.
  * An address of the project's /24 (the own address's) other than the own one goes only where
- * --reach lists it (with no --reach, everywhere); beyond the /24, nowhere under --internal. The
+ * --reach lists it (with no --reach, everywhere); beyond the /24, and its gateway .1 (the node, as
+ * host.docker.internal), nowhere under --internal. The
  * project's DNS server (--dns) is reached by every service, as Docker's is from every network.
  * [::1] on a port of the kernel's choosing ("IPv6 loopback, port 0") is the service's own. */
 int refusal(const union sockaddr_any *a)
@@ -411,12 +412,12 @@ int refusal(const union sockaddr_any *a)
         return 0;
     if ((ntohl(v4.s_addr) >> 8) != (ntohl(own_addr.s_addr) >> 8))
         return internal_only ? ENETUNREACH : 0;
-    if (reach_count < 0)
-        return 0;
     for (int i = 0; i < reach_count; i++)
         if (reach_addrs[i].s_addr == v4.s_addr)
             return 0;
-    return ECONNREFUSED;
+    if ((ntohl(v4.s_addr) & 0xff) == 1)  /* the project's gateway, 127.A.B.1: the node, as Docker's is */
+        return internal_only ? ENETUNREACH : 0;
+    return reach_count < 0 ? 0 : ECONNREFUSED;
 }
 
 /* One line on the service's stderr the first time each destination is refused (a program that

@@ -1,0 +1,105 @@
+"""Issue 45 on the real test bed (rootless Apptainer, as written under the tracer): a project's
+compose networks keep its services apart as Docker's do (tests/e2e/networks-stack, no hint). Every
+check runs inside a service (`run.sh exec`, under that service's tracer and rules) and every answer
+names its sender: the servers are STAND-INS that answer their own name (intercept-stack's who.py);
+db is Debian's real Redis."""
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+OUT = "nets-out"
+CONNECT = """
+import socket, sys
+s = socket.socket()
+s.settimeout(10)
+try:
+    s.connect((sys.argv[1], int(sys.argv[2])))
+except OSError as e:
+    print("refused", e.errno)
+    sys.exit(0)
+if sys.argv[2] == "6379":
+    s.sendall(b"PING\\r\\n"); print(s.recv(64).decode().strip())
+else:
+    s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n"); print(s.recv(4096).decode().rsplit("\\n", 2)[-2])
+"""
+
+
+@pytest.fixture(scope="module")
+def nets(node):
+    stack = node.copy_stack("networks-stack", source="networks-stack")
+    (stack / "app").mkdir(exist_ok=True)
+    shutil.copy(Path(__file__).parent / "intercept-stack" / "app" / "who.py", stack / "app" / "who.py")
+    subprocess.run(["chown", "-R", f"{node.uid}:{node.uid}", str(stack / "app")], check=True)
+    node.run(f"cd ~ && rm -rf {OUT}")
+    proc = node.run(f"cd ~ && C2S_PORT_ISOLATION=intercept python3 -m compose2sif -f networks-stack/compose.yaml "
+                    f"up -d --registry-mirror {node.registry} -o {OUT}", timeout=1500)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # a listener of the node's on every address (the gateway 127.A.B.1 too), outside the project
+    node.run("cd /tmp && (setsid python3 -m http.server --bind 0.0.0.0 18777 &) </dev/null >/dev/null 2>&1")
+    yield node, proc
+    node.run(f"cd ~ && {OUT}/run.sh down -v", timeout=300)
+    node.run("pkill -f 'http.server --bind 0.0.0.0 18777'")
+
+
+def addresses(node):
+    plan = json.loads((node.home / OUT / "plan.json").read_text())
+    return {names[0]: address for address, names in plan["hosts"] if names}
+
+
+def from_inside(node, via: str, host: str, port: int) -> str:
+    proc = node.run(f"cd ~ && {OUT}/run.sh exec {via} python3 -c {json.dumps(CONNECT)} {host} {port}", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip()
+
+
+def test_convert_says_nothing_of_networks_not_isolated(nets):
+    _, proc = nets
+    assert "networks are not isolated" not in proc.stderr, proc.stderr
+
+
+def test_services_on_a_common_network_reach_each_other_by_name(nets):
+    node, _ = nets
+    assert from_inside(node, "front", "api", 8000) == "I am api"
+    assert from_inside(node, "api", "front", 8000) == "I am front"
+    assert from_inside(node, "api", "db", 6379) == "+PONG"
+    assert from_inside(node, "sandbox", "egress", 8000) == "I am egress"
+    assert from_inside(node, "egress", "front", 8000) == "I am front"
+
+
+def test_a_service_on_no_common_network_is_refused_by_name_and_by_address(nets):
+    node, _ = nets
+    own = addresses(node)
+    assert from_inside(node, "front", "db", 6379) == "refused 111"
+    assert from_inside(node, "front", own["db"], 6379) == "refused 111"
+    assert from_inside(node, "sandbox", "api", 8000) == "refused 111"
+    assert from_inside(node, "sandbox", own["db"], 6379) == "refused 111"
+
+
+def test_an_internal_only_service_reaches_nothing_beyond_the_project(nets):
+    node, _ = nets
+    gateway = json.loads((node.home / OUT / "plan.json").read_text())["address_block"] + ".1"
+    assert from_inside(node, "sandbox", gateway, 18777) == "refused 101"
+    assert from_inside(node, "sandbox", "host.docker.internal", 18777) == "refused 101"
+    node_ip = node.run("hostname -I 2>/dev/null | cut -d' ' -f1", timeout=30).stdout.strip() or "10.255.255.1"
+    assert from_inside(node, "sandbox", node_ip, 18777) == "refused 101"
+    # egress, also on a network that is not internal, reaches the node's listener through the gateway
+    said = from_inside(node, "egress", gateway, 18777)
+    assert said and not said.startswith("refused"), said
+
+
+def test_plan_and_ps_say_who_reaches_whom(nets):
+    node, _ = nets
+    plan = {s["name"]: s for s in json.loads((node.home / OUT / "plan.json").read_text())["services"]}
+    assert plan["sandbox"]["reach"] == {"networks": ["jail"], "services": ["egress"], "outside": False,
+                                        "mode": "networks"}
+    assert plan["front"]["reach"]["services"] == ["api", "egress"] and plan["front"]["reach_limited"]
+    ps = node.run(f"cd ~ && {OUT}/run.sh ps", timeout=120).stdout
+    assert "NETWORK jail: sandbox egress" in ps and "NETWORK data: api db" in ps, ps
+    rows = {r["service"]: r for r in json.loads(node.run(f"cd ~ && {OUT}/run.sh ps --format json",
+                                                         timeout=120).stdout)}
+    assert rows["egress"]["networks"] == ["jail", "web"]
