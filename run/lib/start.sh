@@ -57,7 +57,11 @@ runtime_flags() {
     # (no --pwd: `instance start` has none; the start script changes to the working directory)
     env_flags
     START_FLAGS=("${ENV_FLAGS[@]}")
-    START_FLAGS+=(--bind "$STATE/hosts:/etc/hosts:ro")
+    if [ "$ISOLATION" = intercept ] && [ -f "$STATE/hosts.d/$S_NAME" ]; then  # the names its networks reach
+        START_FLAGS+=(--bind "$STATE/hosts.d/$S_NAME:/etc/hosts:ro")
+    else
+        START_FLAGS+=(--bind "$STATE/hosts:/etc/hosts:ro")
+    fi
     loopback_start_flags || start_script_flags  # its entry under the tracer, in intercept mode (run/lib/isolation.sh)
     [ -e "$RUNDIR/$S_NAME.fakeroot" ] && START_FLAGS+=(--fakeroot)
     local b src rest

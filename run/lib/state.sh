@@ -42,6 +42,32 @@ write_hosts() {
         echo "# compose2sif: $PROJECT"
         cat "$hosts_names"
     } >"$STATE/hosts.$BASHPID" && chmod 0644 "$STATE/hosts.$BASHPID" && mv -f "$STATE/hosts.$BASHPID" "$STATE/hosts"
+    [ "$ISOLATION" = intercept ] && write_service_hosts "${node[@]}"
+}
+
+# As written, a service whose networks reach less than all of the project gets a hosts file of
+# its own (STATE/hosts.d/NAME, bound as its /etc/hosts): the node's lines ($@), then the names of
+# the services it reaches, its own, and every line beyond the project's /24 (extra_hosts); not
+# host.docker.internal where all its networks are internal (the gateway is not in S_REACH).
+write_service_hosts() {
+    local name line addr block=${GATEWAY%.*}. lines=()
+    { mapfile lines <"$HERE/hosts.names"; } 2>/dev/null
+    make_dirs "$STATE/hosts.d"
+    for name in "${SERVICES[@]}"; do
+        load_service "$name"
+        if [ "$S_REACH_LIMITED" != 1 ]; then rm -f "$STATE/hosts.d/$name"; continue; fi
+        {
+            printf '%s' "$@"
+            echo "# compose2sif: $PROJECT, as $name reaches it (its networks)"
+            for line in "${lines[@]}"; do
+                addr=${line%% *}
+                if [ "$addr" = "$S_OWN_ADDRESS" ] || [[ ,$S_REACH, == *,"$addr",* ]] || [[ $addr != "$block"* ]]; then
+                    printf '%s' "$line"
+                fi
+            done
+        } >"$STATE/hosts.d/$name.$BASHPID" && chmod 0644 "$STATE/hosts.d/$name.$BASHPID" &&
+            mv -f "$STATE/hosts.d/$name.$BASHPID" "$STATE/hosts.d/$name"
+    done
 }
 
 # What a killed run (kill -9, an ended batch job, a reboot) leaves behind. The runtime forgets
