@@ -4,6 +4,7 @@ check runs inside a service (`run.sh exec`, under that service's tracer and rule
 names its sender: the servers are STAND-INS that answer their own name (intercept-stack's who.py);
 db is Debian's real Redis."""
 import json
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -25,7 +26,14 @@ except OSError as e:
 if sys.argv[2] == "6379":
     s.sendall(b"PING\\r\\n"); print(s.recv(64).decode().strip())
 else:
-    s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n"); print(s.recv(4096).decode().rsplit("\\n", 2)[-2])
+    s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+    answer = b""
+    while True:
+        part = s.recv(4096)
+        if not part:
+            break
+        answer += part
+    print(answer.decode().strip().splitlines()[-1] if answer.strip() else "nothing")
 """
 
 
@@ -52,7 +60,7 @@ def addresses(node):
 
 
 def from_inside(node, via: str, host: str, port: int) -> str:
-    proc = node.run(f"cd ~ && {OUT}/run.sh exec {via} python3 -c {json.dumps(CONNECT)} {host} {port}", timeout=120)
+    proc = node.run(f"cd ~ && {OUT}/run.sh exec {via} python3 -c {shlex.quote(CONNECT)} {host} {port}", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.strip()
 
@@ -100,7 +108,7 @@ def test_plan_and_ps_say_who_reaches_whom(nets):
                                         "mode": "networks"}
     assert plan["front"]["reach"]["services"] == ["api", "egress"] and plan["front"]["reach_limited"]
     ps = node.run(f"cd ~ && {OUT}/run.sh ps", timeout=120).stdout
-    assert "NETWORK jail: sandbox egress" in ps and "NETWORK data: api db" in ps, ps
+    assert "NETWORK jail: egress sandbox" in ps and "NETWORK data: api db" in ps, ps
     rows = {r["service"]: r for r in json.loads(node.run(f"cd ~ && {OUT}/run.sh ps --format json",
                                                          timeout=120).stdout)}
     assert rows["egress"]["networks"] == ["jail", "web"]
