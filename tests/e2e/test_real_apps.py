@@ -4,7 +4,7 @@ through its published ports. Images come from the test bed's registry under thei
 through `--registry-mirror`, as a site's pull-through mirror serves them; each is a LOOK-ALIKE
 built from Debian's packages and PyPI (tests/e2e/images/*.image say what each stands for and how
 it differs from upstream's):
-- prefect: prefecthq/prefect:3-latest is PyPI's prefect 3.8.3 with upstream's entrypoint and tini;
+- prefect: prefecthq/prefect:3-latest is PyPI's prefect 3.9.1 (what the tag names now) with upstream's entrypoint and tini;
   postgres:14 and redis:7 are the official images' look-alikes with Debian sid's PostgreSQL and
   Redis (their versions are sid's, not 14 and 7).
 Each test module's figures (time from `up -d` to every service healthy, SIF sizes) are printed on
@@ -80,7 +80,7 @@ def test_prefect_api_answers_its_health_endpoint_through_the_published_port(pref
     assert "failed" not in proc.stderr, proc.stderr
     assert api(node, "GET", f"{PREFECT_API}/health") is True
     version = api(node, "GET", f"{PREFECT_API}/admin/version")
-    assert version == "3.8.3", version
+    assert version == "3.9.1", version
 
 
 def test_prefect_worker_pool_is_listed(prefect):
