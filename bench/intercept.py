@@ -35,6 +35,9 @@ SOURCE = Path(__file__).resolve().parent.parent / "compose2sif" / "intercept"
 ADDR = "127.0.10.1"    # the service's own address in the traced runs
 OTHER = "127.0.10.2"   # another service's address
 # a service on networks with 250 peers, the one it connects to among the last: --reach checks each connect (docs/isolation.md)
+# the server as run.sh runs it: accepted connections of other users closed (--private: an accept stop
+# and a look at /proc/net/tcp{,6} per connection); C2S_BENCH_PRIVATE=0 leaves it out
+PRIVATE = ("--private",) if os.environ.get("C2S_BENCH_PRIVATE", "1") == "1" else ()
 REACH_WORDS = ("--reach", ",".join([f"127.0.10.{i}" for i in range(3, 251)] + [OTHER, ADDR]))
 
 LOOPS = r"""
@@ -199,7 +202,7 @@ def measure(args, work: Path) -> None:
                            else [sys.executable, "-c", SERVER, str(port)])
             if not traced:  # untraced, the server binds where the traced one is relocated to
                 server_argv = [a.replace("0.0.0.0", ADDR) for a in server_argv]
-            server = subprocess.Popen(under_tracer(server_argv, traced), stdout=subprocess.DEVNULL,
+            server = subprocess.Popen(under_tracer(server_argv, traced, PRIVATE), stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)
             try:
                 wait_listening(ADDR, port)

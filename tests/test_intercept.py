@@ -591,3 +591,47 @@ def test_unprivileged_user(tracer, tmp_path):
     assert proc.stdout.split() == ["127.0.9.12", str(block)], proc.stderr
     plain = subprocess.run([*nobody, python, "-c", program], capture_output=True, text=True, cwd="/")
     assert "Permission denied" in plain.stderr
+
+
+SERVE_EACH = textwrap.dedent("""
+    import socket, sys
+    family = socket.AF_INET6 if sys.argv[2] == "6" else socket.AF_INET
+    s = socket.socket(family); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", int(sys.argv[1]))); s.listen()
+    print("ready", flush=True)
+    while True:
+        c, _ = s.accept(); c.sendall(b"served\\n"); c.close()
+""")
+ASK = ("import socket, sys; s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5); "
+       "print(s.recv(16).decode().strip() or 'closed')")
+
+
+@pytest.mark.parametrize("family", ["4", "6"])
+def test_private_closes_what_another_user_connects_before_the_program_reads(tracer, family):
+    """--private: the service (run by uid 65534 here) gets the connections of its own user and
+    root's; one of another user (65533) is closed before the program sees it, and the program
+    keeps accepting. Its IPv6 socket (bound to [::], so v4-mapped) compares as its IPv4 peer does."""
+    as_user = lambda uid: ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    python = "/usr/bin/python3"
+    shared = Path(tempfile.mkdtemp())
+    shared.chmod(0o755)
+    copy = Path(shutil.copy(tracer, shared))
+    addr = "127.0.9.21"
+    port = free_port(addr)
+    results = {}
+    for private in (True, False):
+        server = subprocess.Popen([*as_user(65534), str(copy), "--addr", addr, *(["--private"] if private else []),
+                                   "--", python, "-c", SERVE_EACH, str(port), family],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+        try:
+            assert server.stdout.readline() == "ready\n", server.stderr.read()
+            wait_listening(addr, port)
+            results[private] = [subprocess.run([*as_user(uid), python, "-c", ASK, addr, str(port)], cwd="/",
+                                               capture_output=True, text=True, timeout=30).stdout.strip()
+                                for uid in (65534, 65533, 0, 65533, 65534)]
+        finally:
+            server.kill()
+            server.wait()
+    shutil.rmtree(shared)
+    assert results[True] == ["served", "closed", "served", "closed", "served"]
+    assert results[False] == ["served"] * 5

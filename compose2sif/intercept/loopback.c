@@ -1,7 +1,7 @@
 /* c2s-loopback: run a command with a per-service virtual loopback.
  *
  *   c2s-loopback --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--dns ADDR:PORT] [--record FILE]
- *                [--peers DIR] [--reach ADDR,...] [--internal] -- COMMAND [ARG]...
+ *                [--peers DIR] [--reach ADDR,...] [--internal] [--private] -- COMMAND [ARG]...
  *   c2s-loopback --serve-dns ADDR:PORT --hosts FILE   (the project's DNS server: loopback_dns.c)
  *   c2s-loopback --check [--addr 127.A.B.C]     (exit 0: works here; 1 and one line: why not)
  *   c2s-loopback --version
@@ -23,6 +23,9 @@
  *     the list does not name fails with ECONNREFUSED; with --internal, one beyond that /24 fails
  *     with ENETUNREACH (the service's compose networks: compose2sif/plan/reach.py); the call is
  *     skipped, and the first refusal of each destination is said on stderr;
+ *   - with --private, a TCP connection it accepts whose peer socket belongs to another user of
+ *     the node (not this one, not root) is closed before the program sees it, and the accept
+ *     waits for the next one (loopback_owner.c);
  *   - everything else is untouched.
  * Each distinct relocation is appended once to --record, one line: KIND PROTO FROM TO. A tracer
  * started beside the service's entry (a healthcheck, an exec) with the same --record finds the
@@ -146,7 +149,7 @@ static int kernel_before(int major, int minor)
 static void usage(void)
 {
     fprintf(stderr, "usage: " NAME " --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--dns ADDR:PORT] [--record FILE]"
-                    " [--peers DIR] [--reach ADDR,...] [--internal] -- COMMAND [ARG]...\n       " NAME " --check [--addr 127.A.B.C]\n       "
+                    " [--peers DIR] [--reach ADDR,...] [--internal] [--private] -- COMMAND [ARG]...\n       " NAME " --check [--addr 127.A.B.C]\n       "
                     NAME " --serve-dns ADDR:PORT --hosts FILE\n");
     exit(EXIT_SETUP);
 }
@@ -176,6 +179,9 @@ int main(int argc, char **argv)
             continue;
         } else if (!strcmp(arg, "--internal")) {
             internal_only = 1;
+            continue;
+        } else if (!strcmp(arg, "--private")) {
+            private_only = 1;
             continue;
         } else if (!strcmp(arg, "--version")) {
             printf(NAME " %s\n", C2S_VERSION);
@@ -366,6 +372,8 @@ int main(int argc, char **argv)
             break;
         default:
             if (sig == (SIGTRAP | 0x80)) {
+                if (on_closing_stop(t))
+                    break;
                 t->phase = next_phase(t->phase, STOP_SYSCALL, 0, legacy_order);
                 if (t->phase == AT_EXIT)
                     on_call_exit(t);

@@ -14,6 +14,7 @@
 #include <sys/ptrace.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/user.h>
 
 #include "loopback_phase.h"
 
@@ -43,6 +44,7 @@ extern int legacy_order;                 /* kernel < 4.8: seccomp stop before sy
 extern struct in_addr reach_addrs[REACH_MAX];  /* --reach: the project's addresses it may connect to */
 extern int reach_count;                  /* -1: no --reach (all of the project's) */
 extern int internal_only;                /* --internal: nothing beyond the project's /24 */
+extern int private_only;                 /* --private: accepted connections of other users closed */
 
 /* ---- the rules (loopback_rules.c) ------------------------------------------------------------ */
 
@@ -60,6 +62,8 @@ extern const struct in6_addr v6_loopback;
 int relocate(union sockaddr_any *a, int is_bind, pid_t tid, long fd);
 /* 0 where a connect/sendto to *a (relocated) may go by --reach and --internal, else its errno. */
 int refusal(const union sockaddr_any *a);
+/* Whether A is ::ffff:a.b.c.d, and that IPv4 address. */
+int v4_mapped_addr(const struct in6_addr *a, struct in_addr *out);
 void refused_once(const union sockaddr_any *a, int err);
 /* The node's own addresses (not 127/8), once at start, for connects to them (loopback_rules.c). */
 void read_node_addresses(void);
@@ -73,6 +77,9 @@ int serve_dns(const char *listen, const char *hosts_file);
 
 void record(const char *kind, pid_t tid, long fd, const union sockaddr_any *from, const union sockaddr_any *to);
 
+/* loopback_owner.c: 1 where socket FD of tracee TID is a TCP connection another user's socket made */
+int foreign_peer(pid_t tid, long fd);
+
 /* ---- the tracees (loopback_ptrace.c) --------------------------------------------------------- */
 
 struct tracee {
@@ -85,6 +92,8 @@ struct tracee {
     union sockaddr_any original, rewritten;
     int parked;                   /* an IPv6-only bind moved to [::1]:0 */
     int retries;
+    int closing;                  /* 1, 2: a close() of a foreign connection injected (entry, exit) */
+    struct user_regs_struct saved;/* the accept's registers, to run it again after that close */
 };
 
 /* The seccomp filter that stops bind, connect and sendto-with-an-address, for the child to install. */
@@ -95,5 +104,7 @@ void forget_tracee(pid_t tid);
 void resume(pid_t tid, int how, int sig);
 void on_seccomp_stop(struct tracee *t);
 void on_call_exit(struct tracee *t);
+/* A syscall stop of a tracee whose injected close() is under way: returns 0 where there is none. */
+int on_closing_stop(struct tracee *t);
 
 #endif

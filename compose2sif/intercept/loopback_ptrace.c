@@ -169,6 +169,12 @@ void on_seccomp_stop(struct tracee *t)
     if (ptrace(PTRACE_GETREGS, t->tid, 0, &regs) < 0)
         return;
     int rewrite = 0;
+    if (regs.orig_rax == SYS_accept || regs.orig_rax == SYS_accept4) {  /* --private: its exit shows the peer */
+        t->nr = (long)regs.orig_rax;
+        t->phase = next_phase(IDLE, STOP_SECCOMP, 1, legacy_order);
+        resume(t->tid, PTRACE_SYSCALL, 0);
+        return;
+    }
     if (t->phase != RESTARTED) {
         t->nr = (long)regs.orig_rax;
         t->fd = (long)regs.rdi;
@@ -218,11 +224,53 @@ static void restart_call(struct tracee *t, struct user_regs_struct *regs)
     t->phase = RESTARTED;
 }
 
+/* An accept that returned a connection of another user's: close() injected in its place (the
+ * `syscall` instruction run again with close's number), and the accept run again after it. */
+static void accepted(struct tracee *t, struct user_regs_struct *regs)
+{
+    long fd = (long)regs->rax;
+    t->phase = IDLE;
+    if (fd >= 0 && foreign_peer(t->tid, fd)) {
+        t->saved = *regs;
+        regs->rax = SYS_close;
+        regs->rdi = (reg_t)fd;
+        regs->rip -= 2;
+        if (ptrace(PTRACE_SETREGS, t->tid, 0, regs) == 0) {
+            t->closing = 1;
+            resume(t->tid, PTRACE_SYSCALL, 0);
+            return;
+        }
+    }
+    resume(t->tid, PTRACE_CONT, 0);
+}
+
+int on_closing_stop(struct tracee *t)
+{
+    if (!t->closing)
+        return 0;
+    if (t->closing == 1) {  /* the injected close's entry */
+        t->closing = 2;
+        resume(t->tid, PTRACE_SYSCALL, 0);
+        return 1;
+    }
+    struct user_regs_struct regs = t->saved;  /* its exit: the accept again, as the program called it */
+    regs.rip -= 2;
+    regs.rax = regs.orig_rax;
+    t->closing = 0;
+    ptrace(PTRACE_SETREGS, t->tid, 0, &regs);
+    resume(t->tid, PTRACE_CONT, 0);
+    return 1;
+}
+
 void on_call_exit(struct tracee *t)
 {
     struct user_regs_struct regs;
     if (ptrace(PTRACE_GETREGS, t->tid, 0, &regs) < 0)
         return;
+    if (t->nr == SYS_accept || t->nr == SYS_accept4) {
+        accepted(t, &regs);
+        return;
+    }
     long ret = (long)regs.rax;
     int bind = t->nr == SYS_bind;
     int v6 = t->original.sa.sa_family == AF_INET6;
@@ -282,13 +330,18 @@ void on_call_exit(struct tracee *t)
 
 int install_filter(void)
 {
+    /* accept and accept4 stop only under --private (no system call has the other number) */
+    const uint32_t nothing = 0x7ffffff0, accept_nr = private_only ? SYS_accept : nothing,
+                   accept4_nr = private_only ? SYS_accept4 : nothing;
     struct sock_filter code[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),  /* i386 processes: not relocated */
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_bind, 5, 0),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_connect, 4, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_bind, 7, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_connect, 6, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, accept_nr, 5, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, accept4_nr, 4, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_sendto, 1, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
         /* sendto without an address (send() on a connected socket): no stop */

@@ -42,6 +42,8 @@ static int v4_mapped(const struct in6_addr *a, struct in_addr *out)
     return 1;
 }
 
+int v4_mapped_addr(const struct in6_addr *a, struct in_addr *out) { return v4_mapped(a, out); }
+
 static void set_v4_mapped(struct in6_addr *a, struct in_addr v4)
 {
     memset(a->s6_addr, 0, 10);

@@ -115,6 +115,8 @@ tracer_words() {
     # its compose networks: the project's addresses it may connect to, and none beyond where all are internal
     if [ "$S_REACH_LIMITED" = 1 ]; then TRACER_WORDS+=(--reach "$S_REACH"); fi
     if [ "$S_INTERNAL" = 1 ]; then TRACER_WORDS+=(--internal); fi
+    # no other user of the node gets a connection it accepts (its published ports' forwarders are ours)
+    TRACER_WORDS+=(--private)
 }
 
 # In intercept mode, the flags that start the loaded service's entry under the tracer (added to

@@ -112,3 +112,35 @@ def test_plan_and_ps_say_who_reaches_whom(nets):
     rows = {r["service"]: r for r in json.loads(node.run(f"cd ~ && {OUT}/run.sh ps --format json",
                                                          timeout=120).stdout)}
     assert rows["egress"]["networks"] == ["jail", "web"]
+
+
+ASK = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+try:  # closed by the service's side before anything is read: an end of file, or a reset
+    s.sendall(b"PING\\r\\n" if sys.argv[2] == "6379" else b"GET / HTTP/1.0\\r\\n\\r\\n")
+    print((s.recv(4096).decode().strip().splitlines() or ["closed"])[-1])
+except (ConnectionResetError, BrokenPipeError):
+    print("closed")
+"""
+
+
+def as_outsider(host: str, port: int) -> str:
+    """A process of another unprivileged user of the node (nobody, 65534, on the host: the node shares
+    its network), connecting and sending a request."""
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+                           ASK, host, str(port)], capture_output=True, text=True, timeout=60, cwd="/")
+    return proc.stdout.strip() or proc.stderr.strip().splitlines()[-1]
+
+
+def test_another_user_of_the_node_reaches_only_what_is_published(nets):
+    node, _ = nets
+    own = addresses(node)
+    assert as_outsider(own["db"], 6379) == "closed"       # the project's redis: no +PONG for another user
+    assert as_outsider(own["api"], 8000) == "closed"
+    assert as_outsider("127.0.0.1", 18211) == "I am front"  # published: everyone, as under Docker
+    # the project's own user reaches the services' own addresses from a shell of the node (untraced)
+    said = node.run(f"python3 -c {shlex.quote(ASK)} {own['db']} 6379", timeout=60)
+    assert said.stdout.strip() == "+PONG", said.stdout + said.stderr
+    said = node.run(f"python3 -c {shlex.quote(ASK)} {own['api']} 8000", timeout=60)
+    assert said.stdout.strip() == "I am api", said.stdout + said.stderr
