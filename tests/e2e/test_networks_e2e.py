@@ -1,4 +1,5 @@
-"""Issue 45 on the real test bed (rootless Apptainer, as written under the tracer): a project's
+"""Issue 45 on the real test bed (rootless Apptainer, then setuid Apptainer on a node without user
+namespaces; as written under the tracer on both): a project's
 compose networks keep its services apart as Docker's do (tests/e2e/networks-stack, no hint). Every
 check runs inside a service (`run.sh exec`, under that service's tracer and rules) and every answer
 names its sender: the servers are STAND-INS that answer their own name (intercept-stack's who.py);
@@ -37,8 +38,10 @@ else:
 """
 
 
-@pytest.fixture(scope="module")
-def nets(node):
+@pytest.fixture(scope="module", params=["rootless", "setuid"])
+def nets(request):
+    """The stack up on the rootless node, then on the setuid one (no user namespaces for hpc)."""
+    node = request.getfixturevalue("node" if request.param == "rootless" else "setuid_node")
     stack = node.copy_stack("networks-stack", source="networks-stack")
     (stack / "app").mkdir(exist_ok=True)
     shutil.copy(Path(__file__).parent / "intercept-stack" / "app" / "who.py", stack / "app" / "who.py")
