@@ -274,6 +274,7 @@ def _service_function(s: ServicePlan, fn: str, own_address: str, reach: str = ""
         f"    S_REACH_LIMITED={1 if s.reach_limited else 0} S_REACH={_q(reach)} "
         f"S_INTERNAL={0 if s.reach.get('outside', True) else 1}",
         f"    S_NETWORKS={_q(','.join(s.reach.get('networks', [])) or s.reach.get('mode', ''))}",
+        f"    S_DNS_PORT={s.dns_port or ''}",  # its own DNS server (the names it reaches), else the project's
         f"    S_HEALTH={_array(health['test'] if health else [])}",
         f"    S_CHECK={_array(s.check)}",  # its adapter's: why its program would not start
         # three words a pre_start step: its image key, its env file, its fingerprint

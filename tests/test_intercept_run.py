@@ -263,10 +263,11 @@ def test_the_entry_probe_and_exec_run_under_the_tracer_with_words_quoted(project
     dns = run_lib(tmp_path, 'echo "$DNS_ENDPOINT"').stdout.strip()
     assert dns.startswith(f"{BLOCK}.1:")
     assert words == (f"</.c2s/loopback><--addr><{BLOCK}.2><--dns><{dns}><--record></.c2s/records/a><--peers>"
-                     "</.c2s/records><--><id><-u>")
+                     "</.c2s/records><--private><--><id><-u>")
     wrapper = (run / "a.traced").read_text()
     assert wrapper.splitlines()[-1] == (f"exec '/.c2s/loopback' '--addr' '{BLOCK}.2' '--block' '24050-24099' "
-                                        f"'--dns' '{dns}' '--record' '/.c2s/records/a' '--peers' '/.c2s/records' '--' '/bin/sh' "
+                                        f"'--dns' '{dns}' '--record' '/.c2s/records/a' '--peers' '/.c2s/records' '--private' "
+                                        "'--' '/bin/sh' "
                                         "'/.c2s/entry' \"$@\"")
     entry = (run / "busybox.entry").read_text()
     assert 'eval "$C2S_LAUNCH"' in entry and "exec /.singularity.d/runscript" in entry

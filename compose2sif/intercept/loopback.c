@@ -2,7 +2,7 @@
  *
  *   c2s-loopback --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--dns ADDR:PORT] [--record FILE]
  *                [--peers DIR] [--reach ADDR,...] [--internal] [--private] -- COMMAND [ARG]...
- *   c2s-loopback --serve-dns ADDR:PORT --hosts FILE   (the project's DNS server: loopback_dns.c)
+ *   c2s-loopback --serve-dns ADDR:PORT --hosts FILE [--no-relay]   (the project's DNS server: loopback_dns.c)
  *   c2s-loopback --check [--addr 127.A.B.C]     (exit 0: works here; 1 and one line: why not)
  *   c2s-loopback --version
  *
@@ -150,7 +150,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: " NAME " --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--dns ADDR:PORT] [--record FILE]"
                     " [--peers DIR] [--reach ADDR,...] [--internal] [--private] -- COMMAND [ARG]...\n       " NAME " --check [--addr 127.A.B.C]\n       "
-                    NAME " --serve-dns ADDR:PORT --hosts FILE\n");
+                    NAME " --serve-dns ADDR:PORT --hosts FILE [--no-relay]\n");
     exit(EXIT_SETUP);
 }
 
@@ -182,6 +182,9 @@ int main(int argc, char **argv)
             continue;
         } else if (!strcmp(arg, "--private")) {
             private_only = 1;
+            continue;
+        } else if (!strcmp(arg, "--no-relay")) {
+            dns_no_relay = 1;
             continue;
         } else if (!strcmp(arg, "--version")) {
             printf(NAME " %s\n", C2S_VERSION);

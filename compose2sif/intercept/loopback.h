@@ -74,6 +74,7 @@ uint16_t relocate_privileged(uint16_t port);
 /* Appends a relocation to --record, once: "KIND PROTO FROM TO". */
 /* loopback_dns.c: --serve-dns, the project's DNS server */
 int serve_dns(const char *listen, const char *hosts_file);
+extern int dns_no_relay;
 
 void record(const char *kind, pid_t tid, long fd, const union sockaddr_any *from, const union sockaddr_any *to);
 

@@ -4,7 +4,8 @@
  * service names, aliases, hostnames and container names) is answered with its addresses (A; a
  * known name asked for another type gets no record, as from Docker's DNS for a container without
  * IPv6); any other query goes to the node's resolver (the first nameserver of /etc/resolv.conf),
- * over UDP or TCP as it came, and its answer back. The hosts file is read again when it changes.
+ * over UDP or TCP as it came, and its answer back (with --no-relay, for services whose networks are
+ * all internal: a failure). The hosts file is read again when it changes.
  * One process; a child for each relayed query and each TCP connection. Exit codes: 125 when it
  * cannot listen (one line on stderr). */
 #include "loopback.h"
@@ -241,6 +242,8 @@ static void serve_tcp(int c)
     }
 }
 
+int dns_no_relay;  /* --no-relay: names beyond the hosts file are not asked of the node's resolver */
+
 int serve_dns(const char *listen_text, const char *hosts_text)
 {
     struct sockaddr_in at = {.sin_family = AF_INET};
@@ -255,7 +258,8 @@ int serve_dns(const char *listen_text, const char *hosts_text)
     }
     at.sin_port = htons((uint16_t)port);
     hosts_path = hosts_text;
-    find_upstream();
+    if (!dns_no_relay)
+        find_upstream();
     load_hosts();
     int udp = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), tcp = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int on = 1;

@@ -50,21 +50,26 @@ write_hosts() {
 # the services it reaches, its own, and every line beyond the project's /24 (extra_hosts); not
 # host.docker.internal where all its networks are internal (the gateway is not in S_REACH).
 write_service_hosts() {
-    local name line addr block=${GATEWAY%.*}. lines=()
+    local name line addr block=${GATEWAY%.*}. lines=() mine=()
     { mapfile lines <"$HERE/hosts.names"; } 2>/dev/null
     make_dirs "$STATE/hosts.d"
     for name in "${SERVICES[@]}"; do
         load_service "$name"
-        if [ "$S_REACH_LIMITED" != 1 ]; then rm -f "$STATE/hosts.d/$name"; continue; fi
+        if [ "$S_REACH_LIMITED" != 1 ]; then rm -f "$STATE/hosts.d/$name" "$STATE/hosts.d/$name.names"; continue; fi
+        mine=()
+        for line in "${lines[@]}"; do
+            addr=${line%% *}
+            if [ "$addr" = "$S_OWN_ADDRESS" ] || [[ ,$S_REACH, == *,"$addr",* ]] || [[ $addr != "$block"* ]]; then
+                mine+=("$line")
+            fi
+        done
+        # NAME.names: what its own DNS server answers (dns.sh); NAME: its /etc/hosts
+        printf '%s' "${mine[@]}" >"$STATE/hosts.d/$name.names.$BASHPID" &&
+            mv -f "$STATE/hosts.d/$name.names.$BASHPID" "$STATE/hosts.d/$name.names"
         {
             printf '%s' "$@"
             echo "# compose2sif: $PROJECT, as $name reaches it (its networks)"
-            for line in "${lines[@]}"; do
-                addr=${line%% *}
-                if [ "$addr" = "$S_OWN_ADDRESS" ] || [[ ,$S_REACH, == *,"$addr",* ]] || [[ $addr != "$block"* ]]; then
-                    printf '%s' "$line"
-                fi
-            done
+            printf '%s' "${mine[@]}"
         } >"$STATE/hosts.d/$name.$BASHPID" && chmod 0644 "$STATE/hosts.d/$name.$BASHPID" &&
             mv -f "$STATE/hosts.d/$name.$BASHPID" "$STATE/hosts.d/$name"
     done

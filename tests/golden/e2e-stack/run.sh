@@ -82,6 +82,7 @@ svc_0_db() {
     S_PUBLISHED=()
     S_PORT_MAP=()
     S_NETWORKS=default
+    S_DNS_PORT=
     S_HEALTH=(CMD-SHELL 'pg_isready -h db -U app -d app')
     S_CHECK=()
     S_PRE_START=()
@@ -126,6 +127,7 @@ svc_1_llm() {
     S_PUBLISHED=()
     S_PORT_MAP=()
     S_NETWORKS=default
+    S_DNS_PORT=
     S_CHECK=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=1.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=120
@@ -171,6 +173,7 @@ svc_2_redis() {
     S_PUBLISHED=()
     S_PORT_MAP=()
     S_NETWORKS=default
+    S_DNS_PORT=
     S_HEALTH=(CMD redis-cli -h 127.45.3.7 ping)
     S_CHECK=()
     S_PRE_START=()
@@ -215,6 +218,7 @@ svc_3_init() {
     S_PUBLISHED=()
     S_PORT_MAP=()
     S_NETWORKS=default
+    S_DNS_PORT=
     S_HEALTH=()
     S_CHECK=()
     S_PRE_START=()
@@ -258,6 +262,7 @@ svc_4_api() {
     S_PUBLISHED=()
     S_PORT_MAP=()
     S_NETWORKS=default
+    S_DNS_PORT=
     S_HEALTH=(CMD python3 /app/server.py health)
     S_CHECK=()
     S_PRE_START=()
@@ -302,6 +307,7 @@ svc_5_worker() {
     S_PUBLISHED=()
     S_PORT_MAP=()
     S_NETWORKS=default
+    S_DNS_PORT=
     S_HEALTH=(CMD python3 /app/server.py health)
     S_CHECK=()
     S_PRE_START=()
@@ -342,6 +348,7 @@ svc_6_proxy() {
     S_EMPTY=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)
     S_PUBLISHED=('80 0.0.0.0:18080')
     S_NETWORKS=default
+    S_DNS_PORT=
     S_HEALTH=()
     S_CHECK=()
     S_PRE_START=()

@@ -82,6 +82,7 @@ svc_0_db() {
     S_PUBLISHED=()
     S_PORT_MAP=()
     S_NETWORKS=default
+    S_DNS_PORT=
     S_HEALTH=(CMD-SHELL 'pg_isready -U ${POSTGRES_USER} -d ${POSTGRES_DB}')
     S_CHECK=()
     S_PRE_START=()
@@ -126,6 +127,7 @@ svc_1_llm() {
     S_PUBLISHED=()
     S_PORT_MAP=()
     S_NETWORKS=default
+    S_DNS_PORT=
     S_CHECK=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=3
@@ -171,6 +173,7 @@ svc_2_redis() {
     S_PUBLISHED=()
     S_PORT_MAP=()
     S_NETWORKS=default
+    S_DNS_PORT=
     S_HEALTH=(CMD redis-cli -h 127.45.3.6 ping)
     S_CHECK=()
     S_PRE_START=()
@@ -215,6 +218,7 @@ svc_3_api() {
     S_PUBLISHED=()
     S_PORT_MAP=()
     S_NETWORKS=default
+    S_DNS_PORT=
     S_HEALTH=()
     S_CHECK=()
     S_PRE_START=()
@@ -258,6 +262,7 @@ svc_4_web() {
     S_PUBLISHED=()
     S_PORT_MAP=()
     S_NETWORKS=default
+    S_DNS_PORT=
     S_CHECK=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=10.0 S_HEALTH_TIMEOUT=3.0 S_HEALTH_RETRIES=5
@@ -299,6 +304,7 @@ svc_5_proxy() {
     S_EMPTY=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)
     S_PUBLISHED=('80 0.0.0.0:8080')
     S_NETWORKS=default
+    S_DNS_PORT=
     S_HEALTH=()
     S_CHECK=()
     S_PRE_START=()
