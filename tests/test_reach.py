@@ -108,3 +108,19 @@ def test_every_real_projects_reach_is_what_docker_allows(name):
     wanted = {(s, t) for s, t in docker_pairs(theirs) if s in base.values() and t in base.values()}  # (not scaled to 0)
     assert not wanted - ours, f"connections Docker allows that the reach table loses: {sorted(wanted - ours)}"
     assert not ours - wanted, f"connections Docker does not allow that the reach table adds: {sorted(ours - wanted)}"
+
+
+def test_each_service_of_networks_of_its_own_gets_a_dns_port_of_its_own(tmp_path):
+    from compose2sif.plan import PlanOptions, build_plan
+    from compose2sif.plan.network import PORT_BLOCK, dns_port
+    (tmp_path / "compose.yaml").write_text(NETWORKS.replace("  front: {image: x, networks: [web]}",
+                                                            "  front: {image: x, networks: [web], ports: ['8080:80']}"))
+    project = load_project(ProjectOptions(cwd=str(tmp_path), environ={}))
+    plan = build_plan(project, PlanOptions(loopback=True, port_base=30000, address_block="127.45.3"))
+    ports = {s.name: s.dns_port for s in plan.services}
+    limited = {s.name for s in plan.services if s.reach_limited}
+    assert {n for n, p in ports.items() if p} == limited and "node" not in limited
+    taken = {int(p.forward.rsplit(":", 1)[1]) for s in plan.services for p in s.ports if p.forward}
+    mine = [ports[n] for n in sorted(limited)]
+    assert len(set(mine)) == len(mine) and not set(mine) & taken
+    assert all(30000 <= p < 30000 + PORT_BLOCK // 2 and p != dns_port(30000) for p in mine)
