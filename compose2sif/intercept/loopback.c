@@ -164,6 +164,19 @@ static int parse_port(const char *text, uint16_t *port)
     return *end == 0 || *end == ':' || *end == '-';
 }
 
+/* The options without a value: 1 where ARG is one, its flag set. */
+static int switch_on(const char *arg, int *check)
+{
+    static const struct { const char *name; int *flag; } switches[] = {
+        {"--internal", &internal_only}, {"--private", &private_only}, {"--no-relay", &dns_no_relay}};
+    if (!strcmp(arg, "--check"))
+        return *check = 1;
+    for (size_t k = 0; k < sizeof switches / sizeof switches[0]; k++)
+        if (!strcmp(arg, switches[k].name))
+            return *switches[k].flag = 1;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int check = 0, i;
@@ -174,17 +187,7 @@ int main(int argc, char **argv)
         if (!strcmp(arg, "--")) {
             i++;
             break;
-        } else if (!strcmp(arg, "--check")) {
-            check = 1;
-            continue;
-        } else if (!strcmp(arg, "--internal")) {
-            internal_only = 1;
-            continue;
-        } else if (!strcmp(arg, "--private")) {
-            private_only = 1;
-            continue;
-        } else if (!strcmp(arg, "--no-relay")) {
-            dns_no_relay = 1;
+        } else if (switch_on(arg, &check)) {
             continue;
         } else if (!strcmp(arg, "--version")) {
             printf(NAME " %s\n", C2S_VERSION);

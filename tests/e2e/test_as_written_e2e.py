@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from testbed import DNS_QUERY
+
 pytestmark = pytest.mark.e2e
 
 OUT = "out-written"
@@ -125,19 +127,6 @@ def test_docker_dns_answers_nginx_as_written(written):
     assert "cannot" not in log, log
 
 
-DNS_QUERY = """
-import socket, struct, sys
-q = struct.pack(">HHHHHH", 7, 0x0100, 1, 0, 0, 0) + bytes([len(sys.argv[1])]) + sys.argv[1].encode() + b"\\0\\0\\1\\0\\1"
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.settimeout(10)
-s.sendto(q, ("127.0.0.11", 53))
-r = s.recv(4096)
-at, found = len(q), []
-for _ in range(struct.unpack(">H", r[6:8])[0]):
-    found.append(socket.inet_ntoa(r[at + 12:at + 16]))
-    at += 16
-print(" ".join(sorted(found)))
-"""
 
 
 def test_three_replicas_run_each_on_its_own_address_and_the_name_resolves_to_all(written):

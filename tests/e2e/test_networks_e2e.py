@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from testbed import DNS_QUERY
+
 pytestmark = pytest.mark.e2e
 
 OUT = "nets-out"
@@ -155,19 +157,6 @@ def test_another_user_of_the_node_reaches_only_what_is_published(nets):
     assert said.stdout.strip() == "I am api", said.stdout + said.stderr
 
 
-DNS_QUERY = """
-import socket, struct, sys
-q = struct.pack(">HHHHHH", 7, 0x0100, 1, 0, 0, 0) + bytes([len(sys.argv[1])]) + sys.argv[1].encode() + b"\\0\\0\\1\\0\\1"
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.settimeout(10)
-s.sendto(q, ("127.0.0.11", 53))
-r = s.recv(4096)
-at, found = len(q), []
-for _ in range(struct.unpack(">H", r[6:8])[0]):
-    found.append(socket.inet_ntoa(r[at + 12:at + 16]))
-    at += 16
-print(" ".join(sorted(found)) or "rcode %d" % (r[3] & 15))
-"""
 
 
 def test_dockers_dns_answers_each_service_the_names_its_networks_reach(nets):

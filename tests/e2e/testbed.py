@@ -142,3 +142,20 @@ class Node:
     def kill_all(self) -> None:
         """Leftovers of an earlier run: every process of hpc (never a host account: see provision.sh)."""
         subprocess.run(["pkill", "-9", "-u", self.uid], capture_output=True)
+
+
+# A DNS query for an A record of argv[1] to Docker's DNS (127.0.0.11:53), run inside a service (its
+# tracer sends it to the project's DNS server): prints the addresses found, or the answer's rcode.
+DNS_QUERY = """
+import socket, struct, sys
+q = struct.pack(">HHHHHH", 7, 0x0100, 1, 0, 0, 0) + bytes([len(sys.argv[1])]) + sys.argv[1].encode() + b"\\0\\0\\1\\0\\1"
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(10)
+s.sendto(q, ("127.0.0.11", 53))
+r = s.recv(4096)
+at, found = len(q), []
+for _ in range(struct.unpack(">H", r[6:8])[0]):
+    found.append(socket.inet_ntoa(r[at + 12:at + 16]))
+    at += 16
+print(" ".join(sorted(found)) or "rcode %d" % (r[3] & 15))
+"""
