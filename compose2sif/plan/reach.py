@@ -74,8 +74,10 @@ def plan_reach(services: Dict[str, Service], networks: Dict[str, Any]) -> Dict[s
         if outside:  # a host-network service is where the node is
             peers = sorted(set(peers) | {o for o in services if o != name and
                                          services[_stack_owner(o, services)].network_mode == "host"})
-        shown = "none" if mode == "none" else mode if mode.startswith(("container:",)) else \
-            f"service:{owner}" if owner != name else "networks"
+        if mode == "none" or mode.startswith("container:"):
+            shown = mode
+        else:
+            shown = f"service:{owner}" if owner != name else "networks"
         reach[name] = Reach(list(mine), peers, outside, shown)
     return reach
 
