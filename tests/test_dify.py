@@ -166,7 +166,7 @@ def test_the_plan_as_written_tells_no_service_an_address_or_a_port(dify):
     front = int(nginx["forward"].rsplit(":", 1)[1])
     assert nginx["forward"].startswith("0.0.0.0:") and front >= 1024
     assert f"service 'nginx': published port 80 is privileged; it is published on 0.0.0.0:{front}" in proc.stderr
-    assert f"ENTRY_POINTS=('nginx http 0.0.0.0 {front} /install')" in (work / "out" / "run.sh").read_text()
+    assert f"ENTRY_POINTS=('nginx http 0.0.0.0 {front} 80 /install')" in (work / "out" / "run.sh").read_text()
 
 
 def test_dify_s_env_turns_on_the_collaboration_profile(dify):
@@ -365,7 +365,7 @@ def test_browser_facing_urls_follow_the_ssh_tunnel(dify):
         assert api["CONSOLE_API_URL"] == api["APP_WEB_URL"] == ""    # empty: the page's own origin
     assert proc.stderr.count(f"now name localhost:{front}, the local end of the SSH tunnel") == 1
     # the tunnel `up` prints: ssh -N -L PORT:localhost:PORT ..., then http://localhost:PORT/install
-    assert f"FALLBACK_ENTRY_POINTS=('nginx http 0.0.0.0 {front} /install')" in (work / "out" / "run.sh").read_text()
+    assert f"FALLBACK_ENTRY_POINTS=('nginx http 0.0.0.0 {front} 80 /install')" in (work / "out" / "run.sh").read_text()
 
 
 def test_every_service_has_a_working_directory_and_its_writable_paths(dify):
@@ -396,7 +396,7 @@ def test_nginx_runs_without_the_entrypoint_copy_and_needs_no_docker_resolver(dif
         assert upstream in conf
     assert fallback_file(work, "config", "nginx", "root", "etc", "nginx", "proxy.conf").is_file()
     # after `up`, run.sh prints the URL, the SSH tunnel and the admin page
-    assert f"FALLBACK_ENTRY_POINTS=('nginx http 0.0.0.0 {http['host']} /install')" in (work / "out" / "run.sh").read_text()
+    assert f"FALLBACK_ENTRY_POINTS=('nginx http 0.0.0.0 {http['host']} 80 /install')" in (work / "out" / "run.sh").read_text()
 
 
 def test_ssrf_proxies_listen_on_their_own_address_and_allow_the_model_servers(tmp_path):

@@ -192,6 +192,17 @@ def test_up_starts_an_instance_with_the_services_env_and_reports_one_that_ends_a
     assert proc.returncode == 1 and "no such service: nosuch" in proc.stderr
 
 
+def test_up_points_at_the_free_port_an_entry_point_published_with_no_host_side_got(project):
+    # `ports: ["8080"]` on a web front: the plan says port 0, the forwarders took 40123 (NAME.published)
+    setup = ("ENTRY_POINTS=('web http 0.0.0.0 0 8080 /' 'db http 127.0.0.1 0 9000 /admin'); ISOLATION=intercept; "
+             'mkdir -p "$RUNDIR" && printf "8080 40123\\n" >"$RUNDIR/web.published" && print_entry_points')
+    proc = run_verb(project, "up", "eval", setup)
+    assert proc.returncode == 0, proc
+    node = subprocess.run(["hostname", "-f"], capture_output=True, text=True).stdout.strip()
+    assert f"web: http://{node}:40123/" in proc.stderr and "ssh -N -L 40123:localhost:40123" in proc.stderr
+    assert ":0/" not in proc.stderr and "db:" not in proc.stderr, proc.stderr  # not started: no port to name
+
+
 def test_restart_stops_then_starts_the_service(project):
     sif, instance = service(project, "db", "S_SIF", "S_INSTANCE")
     Path(sif).parent.mkdir(exist_ok=True)

@@ -610,7 +610,7 @@ def _entry_points(plans: List[ServicePlan], adapters: Dict[str, Optional[Adapter
             return address, int(number)
         return port.address, port.host
     return [{"service": p.name, "address": published(port)[0], "port": published(port)[1],
-             "scheme": "https" if port.how == "tls" else "http", "path": adapters[p.name].entry_path}
+             "container": port.container, "scheme": "https" if port.how == "tls" else "http", "path": adapters[p.name].entry_path}
             for p in plans if adapters[p.name] is not None and adapters[p.name].entry_path
             for port in p.ports if port.published and (port.container == adapters[p.name].entry_port
                                                         or port.how == "tls")]

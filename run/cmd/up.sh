@@ -129,12 +129,16 @@ on_stop_signal() {
 # Where a person goes next: the web front's URL on this node, and the SSH tunnel from a laptop
 # through the login node (compute nodes are rarely reachable directly).
 print_entry_points() {
-    local entry service scheme address port path node target entries=("${ENTRY_POINTS[@]}")
+    local entry service scheme address port container path node target c p entries=("${ENTRY_POINTS[@]}")
     [ "$ISOLATION" != intercept ] && [ -n "${FALLBACK_ENTRY_POINTS+set}" ] && entries=("${FALLBACK_ENTRY_POINTS[@]}")
     [ ${#entries[@]} -gt 0 ] || return 0  # (no hostname to ask, which may be a DNS lookup)
     node=$(hostname -f 2>/dev/null || hostname)
     for entry in "${entries[@]}"; do
-        read -r service scheme address port path <<<"$entry"
+        read -r service scheme address port container path <<<"$entry"
+        if [ "$port" = 0 ]; then  # published with no host side: the free port its forwarders took
+            while read -r c p; do [ "$c" = "$container" ] && port=$p; done 2>/dev/null <"$RUNDIR/$service.published"
+            [ "$port" != 0 ] || continue
+        fi
         case "$address" in
             0.0.0.0) target=localhost; note "$service: $scheme://$node:$port$path" ;;
             *) target=$address; note "$service: $scheme://$address:$port$path (on $node)" ;;

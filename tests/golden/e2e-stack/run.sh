@@ -46,9 +46,9 @@ MAX_LEVEL=3
 IMAGES=(c2s-python-test c2s-postgres-test c2s-llama-test c2s-nginx-test c2s-redis-test)
 PULLED=(c2s-python-test c2s-postgres-test c2s-llama-test c2s-nginx-test c2s-redis-test)  # images run as they are in a registry
 PLAIN_REGISTRIES=()  # mirrors that speak plain HTTP (--registry-mirror http://...)
-# web fronts `up` points people at: SERVICE SCHEME ADDRESS PORT PATH
-ENTRY_POINTS=('proxy http 0.0.0.0 18080 /')
-FALLBACK_ENTRY_POINTS=('proxy http 0.0.0.0 18080 /')  # (up uses them where it falls back)
+# web fronts `up` points people at: SERVICE SCHEME ADDRESS PORT CONTAINER-PORT PATH (port 0: a free one)
+ENTRY_POINTS=('proxy http 0.0.0.0 18080 80 /')
+FALLBACK_ENTRY_POINTS=('proxy http 0.0.0.0 18080 80 /')  # (up uses them where it falls back)
 
 # ---- the services (generated) ---------------------------------------------------------------
 # where services cannot get a loopback of their own, the line `up` refuses the project with

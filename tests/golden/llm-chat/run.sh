@@ -46,9 +46,9 @@ MAX_LEVEL=3
 IMAGES=(ghcr.io-example-chat-api-latest postgres-16 vllm-vllm-openai-v0.19.1 nginx-1.27-alpine redis-7 build-web)
 PULLED=(ghcr.io-example-chat-api-latest postgres-16 vllm-vllm-openai-v0.19.1 nginx-1.27-alpine redis-7)  # images run as they are in a registry
 PLAIN_REGISTRIES=()  # mirrors that speak plain HTTP (--registry-mirror http://...)
-# web fronts `up` points people at: SERVICE SCHEME ADDRESS PORT PATH
-ENTRY_POINTS=('proxy http 0.0.0.0 8080 /')
-FALLBACK_ENTRY_POINTS=('proxy http 0.0.0.0 8080 /')  # (up uses them where it falls back)
+# web fronts `up` points people at: SERVICE SCHEME ADDRESS PORT CONTAINER-PORT PATH (port 0: a free one)
+ENTRY_POINTS=('proxy http 0.0.0.0 8080 80 /')
+FALLBACK_ENTRY_POINTS=('proxy http 0.0.0.0 8080 80 /')  # (up uses them where it falls back)
 
 # ---- the services (generated) ---------------------------------------------------------------
 # where services cannot get a loopback of their own, the line `up` refuses the project with
