@@ -91,7 +91,7 @@ class Service:
     gpus: List[GpuRequest]
     container_name: Optional[str]
     hostname: Optional[str]
-    aliases: List[str]               # network aliases: more names for 127.0.0.1
+    aliases: List[str]               # network aliases, of all its networks: more names for its address
     extra_hosts: List[str]
     tmpfs: List[str]
     ulimits: Dict[str, Tuple[int, int]]  # name -> (soft, hard)
@@ -102,6 +102,7 @@ class Service:
     pull_policy: str = "missing"
     network_mode: Optional[str] = None
     networks: List[str] = field(default_factory=list)         # the names of the networks it joins
+    network_aliases: Dict[str, List[str]] = field(default_factory=dict)  # network -> its aliases there
     replicas: Optional[int] = None                            # deploy.replicas
     limits: Dict[str, Any] = field(default_factory=dict)      # deploy.resources.limits
     extensions: Dict[str, Any] = field(default_factory=dict)  # x-* keys, e.g. x-compose2sif
@@ -227,6 +228,8 @@ def build_service(name: str, config: Dict[str, Any]) -> Service:
         pull_policy=str(config.get("pull_policy") or "missing"),
         network_mode=config.get("network_mode"),
         networks=list(config.get("networks") or {}),
+        network_aliases={net: list((spec or {}).get("aliases") or [])
+                         for net, spec in (config.get("networks") or {}).items() if (spec or {}).get("aliases")},
         replicas=deploy.get("replicas") if deploy.get("replicas") is not None else config.get("scale"),
         limits=(deploy.get("resources") or {}).get("limits") or {},
         extensions={k: v for k, v in config.items() if k.startswith("x-")},

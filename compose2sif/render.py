@@ -23,7 +23,7 @@ import json
 import os
 import re
 import shlex
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 from compose2sif import helpers
 from compose2sif.errors import ComposeError
@@ -227,7 +227,14 @@ def _reach_addresses(plan: Plan, s: ServicePlan) -> str:
     return ",".join(dict.fromkeys(peers))
 
 
-def _service_function(s: ServicePlan, fn: str, own_address: str, reach: str = "") -> List[str]:
+def _hidden_names(plan: Plan, s: ServicePlan) -> List[str]:
+    """ADDR:NAME of each alias S does not find: its peer's, on a network S is not on."""
+    return [f"{own_address(plan, plan.service(peer))}:{alias}"
+            for peer, aliases in sorted(s.reach.get("hidden_names", {}).items()) for alias in aliases]
+
+
+def _service_function(s: ServicePlan, fn: str, own_address: str, reach: str = "",
+                      hidden: Sequence[str] = ()) -> List[str]:
     """svc_FN(): the service's settings as run.sh's engine reads them. Keys, names of files and
     numbers are ours (plain); every other value goes through _q."""
     binds = [(f"{b.source}:{b.target}" + (":ro" if b.read_only else ""), b) for b in s.binds if not b.socket]
@@ -273,6 +280,7 @@ def _service_function(s: ServicePlan, fn: str, own_address: str, reach: str = ""
         # as written: its compose networks, where they reach less than all (c2s-loopback --reach, --internal)
         f"    S_REACH_LIMITED={1 if s.reach_limited else 0} S_REACH={_q(reach)} "
         f"S_INTERNAL={0 if s.reach.get('outside', True) else 1}",
+        f"    S_HIDDEN_NAMES={_array(hidden)}",  # ADDR:ALIAS: a peer's alias on a network it is not on
         f"    S_NETWORKS={_q(','.join(s.reach.get('networks', [])) or s.reach.get('mode', ''))}",
         f"    S_DNS_PORT={s.dns_port or ''}",  # its own DNS server (the names it reaches), else the project's
         f"    S_HEALTH={_array(health['test'] if health else [])}",
@@ -331,7 +339,7 @@ def render_runner(plan: Plan) -> str:
         out += ["# where services cannot get a loopback of their own, the line `up` refuses the project with",
                 f"FALLBACK_REFUSAL={_q(plan.fallback_refusal)}"]
     for s, fn in zip(plan.services, functions):
-        lines = _service_function(s, fn, own_address(plan, s), _reach_addresses(plan, s))
+        lines = _service_function(s, fn, own_address(plan, s), _reach_addresses(plan, s), _hidden_names(plan, s))
         if plan.fallback is not None:
             theirs = plan.fallback.service(s.name)
             lines = _by_isolation(lines, _service_function(theirs, fn, own_address(plan.fallback, theirs)))

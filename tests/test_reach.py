@@ -57,6 +57,33 @@ def test_each_network_form_reaches_as_docker_says(tmp_path):
     assert {n for n in reach if restricted(reach, n)} == set(reach) - {"node"}
 
 
+def test_a_per_network_alias_is_found_only_on_its_network(tmp_path):
+    reach = reach_of(tmp_path, """
+services:
+  api:
+    image: x
+    networks:
+      web: {aliases: [api-web, api]}
+      data: {aliases: [store-client]}
+  front: {image: x, networks: [web]}
+  db: {image: x, networks: [data]}
+  both: {image: x, networks: [web, data]}
+networks: {web: {}, data: {}}
+""")
+    assert reach["front"].hidden == {"api": ["store-client"]}
+    assert reach["db"].hidden == {"api": ["api-web"]}  # (`api`, its service name, is found everywhere)
+    assert reach["both"].hidden == {} and reach["api"].hidden == {}
+    # a service that reaches every other but misses a name gets its own hosts file and DNS server
+    reach = reach_of(tmp_path, """
+services:
+  api: {image: x, networks: {web: {aliases: [api-web]}, data: {}}}
+  db: {image: x, networks: [data]}
+networks: {web: {}, data: {}}
+""")
+    assert reach["db"].services == ["api"] and reach["db"].outside and reach["db"].hidden == {"api": ["api-web"]}
+    assert restricted(reach, "db") and not restricted(reach, "api")
+
+
 def test_a_project_on_its_default_network_alone_restricts_nobody(tmp_path):
     reach = reach_of(tmp_path, "services:\n  a: {image: x}\n  b: {image: x, ports: ['80']}\n"
                                "  c: {image: x, network_mode: host}\n")
@@ -108,6 +135,23 @@ def test_every_real_projects_reach_is_what_docker_allows(name):
     wanted = {(s, t) for s, t in docker_pairs(theirs) if s in base.values() and t in base.values()}  # (not scaled to 0)
     assert not wanted - ours, f"connections Docker allows that the reach table loses: {sorted(wanted - ours)}"
     assert not ours - wanted, f"connections Docker does not allow that the reach table adds: {sorted(ours - wanted)}"
+    # a per-network alias: found by the services on that network only
+    unseen = {(s, t, alias) for s, r in reach.items() for t, aliases in r.hidden.items() for alias in aliases}
+    assert unseen == docker_hidden(theirs, reach, services), name
+
+
+def docker_hidden(config, reach, services):
+    """(S, T, ALIAS) for each alias T has in `docker compose config` only on networks S is not on,
+    where S reaches T (ALIAS not also one of T's other names)."""
+    found = set()
+    for s, r in reach.items():
+        for t in r.services:
+            spec = config["services"][services[t].replica_of or t].get("networks") or {}
+            aliases = {n: set((v or {}).get("aliases") or []) for n, v in spec.items()}
+            seen = set().union(*(aliases.get(n, set()) for n in r.networks))
+            others = {t, services[t].replica_of, services[t].container_name, services[t].hostname}
+            found |= {(s, t, a) for a in set().union(*aliases.values()) - seen - others}
+    return found
 
 
 def test_each_service_of_networks_of_its_own_gets_a_dns_port_of_its_own(tmp_path):
@@ -124,3 +168,33 @@ def test_each_service_of_networks_of_its_own_gets_a_dns_port_of_its_own(tmp_path
     mine = [ports[n] for n in sorted(limited)]
     assert len(set(mine)) == len(mine) and not set(mine) & taken
     assert all(30000 <= p < 30000 + PORT_BLOCK // 2 and p != dns_port(30000) for p in mine)
+
+
+def test_each_service_hosts_file_and_dns_names_hold_the_aliases_of_its_networks_only(tmp_path):
+    """run.sh's write_service_hosts (run/lib/state.sh), as `up` runs it under the tracer, on a
+    converted project: STATE/hosts.d/NAME is its /etc/hosts, NAME.names what its DNS server answers."""
+    import os
+    import subprocess
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "compose.yaml").write_text("""
+services:
+  api: {image: x, networks: {web: {aliases: [api-web]}, data: {aliases: [store-client]}}}
+  front: {image: x, networks: [web]}
+  db: {image: x, networks: [data]}
+networks: {web: {}, data: {}}
+""")
+    subprocess.run(["python3", "-m", "compose2sif", "-f", str(tmp_path / "compose.yaml"), "convert", "--offline",
+                    "-o", str(tmp_path / "out")], check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(repo)})
+    text = (tmp_path / "out" / "run.sh").read_text()
+    (tmp_path / "out" / "header.sh").write_text(text[:text.index("# ---- the engine (the same for every project")])
+    script = (f'source {tmp_path}/out/header.sh && for f in {repo}/run/lib/*.sh; do source "$f"; done && '
+              'ISOLATION=intercept write_service_hosts "127.0.0.1 localhost"$\'\\n\'')
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc
+    hosts = {n: (tmp_path / "out" / "state" / "hosts.d" / n).read_text() for n in ("front", "db")}
+    names = {n: set((tmp_path / "out" / "state" / "hosts.d" / f"{n}.names").read_text().split()) for n in ("front", "db")}
+    assert "api-web" in names["front"] and "store-client" not in names["front"], hosts["front"]
+    assert "store-client" in names["db"] and "api-web" not in names["db"], hosts["db"]
+    assert hosts["front"].startswith("127.0.0.1 localhost\n") and "api-web" in hosts["front"]
+    assert "store-client" not in hosts["front"] and "db" not in hosts["front"].split()

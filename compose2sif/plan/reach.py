@@ -12,6 +12,8 @@ is on is `internal: true`.
 - `network_mode: none`: nothing but itself. `bridge`: Docker's default bridge, shared by every
   service in that mode, and beyond.
 - Replicas are services of their own here, on their service's networks.
+- A per-network alias (`networks: {NET: {aliases: [...]}}`) resolves only on NET: a service that
+  reaches its owner over other networks alone does not find it (`hidden`).
 
 plan.json keeps the table (`reach` of each service); run.sh hands the tracer the addresses a
 service may connect to wherever that is less than all of the project (docs/isolation.md).
@@ -30,9 +32,24 @@ class Reach:
     services: List[str] = field(default_factory=list)   # the other services it may connect to
     outside: bool = True                                # it may connect beyond the project
     mode: str = "networks"                              # networks | host | none | service:X | container:X
+    hidden: Dict[str, List[str]] = field(default_factory=dict)  # peer -> its aliases on networks it is not on
 
     def to_json(self) -> Dict[str, Any]:
-        return {"networks": self.networks, "services": self.services, "outside": self.outside, "mode": self.mode}
+        return {"networks": self.networks, "services": self.services, "outside": self.outside, "mode": self.mode,
+                "hidden_names": self.hidden}
+
+
+def _hidden(peers: List[str], mine: List[str], services: Dict[str, Service]) -> Dict[str, List[str]]:
+    """Peer -> its aliases that only networks other than MINE give (not its other names)."""
+    hidden = {}
+    for peer in peers:
+        other = services[peer]
+        seen = {a for net in mine for a in other.network_aliases.get(net, [])}
+        seen |= {peer, other.replica_of, other.container_name, other.hostname}
+        names = sorted({a for aliases in other.network_aliases.values() for a in aliases} - seen)
+        if names:
+            hidden[peer] = names
+    return hidden
 
 
 def _stack_owner(name: str, services: Dict[str, Service], seen: Optional[List[str]] = None) -> str:
@@ -78,11 +95,12 @@ def plan_reach(services: Dict[str, Service], networks: Dict[str, Any]) -> Dict[s
             shown = mode
         else:
             shown = f"service:{owner}" if owner != name else "networks"
-        reach[name] = Reach(list(mine), peers, outside, shown)
+        reach[name] = Reach(list(mine), peers, outside, shown, _hidden(peers, mine, services))
     return reach
 
 
 def restricted(reach: Dict[str, Reach], name: str) -> bool:
-    """Whether NAME may reach less than every service of the project and beyond (the tracer is told)."""
+    """Whether NAME may reach less than every service of the project and beyond (the tracer is told),
+    or finds fewer of their names (a hosts file and a DNS server of its own)."""
     mine = reach[name]
-    return mine.mode != "host" and (not mine.outside or len(mine.services) < len(reach) - 1)
+    return mine.mode != "host" and (not mine.outside or len(mine.services) < len(reach) - 1 or bool(mine.hidden))

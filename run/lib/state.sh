@@ -60,7 +60,10 @@ write_service_hosts() {
         for line in "${lines[@]}"; do
             addr=${line%% *}
             if [ "$addr" = "$S_OWN_ADDRESS" ] || [[ ,$S_REACH, == *,"$addr",* ]] || [[ $addr != "$block"* ]]; then
-                mine+=("$line")
+                if [ ${#S_HIDDEN_NAMES[@]} -gt 0 ]; then
+                    line=$(without_hidden_names "$line") && [ -n "$line" ] && line+=$'\n'
+                fi
+                [ -n "$line" ] && mine+=("$line")
             fi
         done
         # NAME.names: what its own DNS server answers (dns.sh); NAME: its /etc/hosts
@@ -73,6 +76,18 @@ write_service_hosts() {
         } >"$STATE/hosts.d/$name.$BASHPID" && chmod 0644 "$STATE/hosts.d/$name.$BASHPID" &&
             mv -f "$STATE/hosts.d/$name.$BASHPID" "$STATE/hosts.d/$name"
     done
+}
+
+# A hosts line ("ADDR NAME...") less the names the loaded service does not find there
+# (S_HIDDEN_NAMES, ADDR:NAME: a peer's per-network alias on a network it is not on), without its
+# newline; nothing where no name is left.
+without_hidden_names() {
+    local addr=${1%% *} words=() kept=() word
+    read -r -a words <<<"${1#* }"
+    for word in "${words[@]}"; do
+        [[ " ${S_HIDDEN_NAMES[*]} " == *" $addr:$word "* ]] || kept+=("$word")
+    done
+    [ ${#kept[@]} -eq 0 ] || printf '%s %s' "$addr" "${kept[*]}"
 }
 
 # What a killed run (kill -9, an ended batch job, a reboot) leaves behind. The runtime forgets

@@ -95,6 +95,15 @@ def test_a_service_on_no_common_network_is_not_found_by_name_and_refused_by_addr
     assert from_inside(node, "sandbox", own["db"], 6379) == "refused 111"
 
 
+def test_a_per_network_alias_is_found_on_its_network_only(nets):
+    node, _ = nets
+    assert from_inside(node, "sandbox", "proxy", 8000) == "I am egress"     # jail's alias, from jail
+    assert from_inside(node, "front", "egress-web", 8000) == "I am egress"  # web's, from web
+    for via, name in (("sandbox", "egress-web"), ("front", "proxy")):
+        said = from_inside(node, via, name, 8000)
+        assert said.startswith("refused -"), f"{via} resolved {name}: {said}"  # not found
+
+
 def test_an_internal_only_service_reaches_nothing_beyond_the_project(nets):
     node, _ = nets
     gateway = json.loads((node.home / OUT / "plan.json").read_text())["address_block"] + ".1"
@@ -110,7 +119,7 @@ def test_plan_and_ps_say_who_reaches_whom(nets):
     node, _ = nets
     plan = {s["name"]: s for s in json.loads((node.home / OUT / "plan.json").read_text())["services"]}
     assert plan["sandbox"]["reach"] == {"networks": ["jail"], "services": ["egress"], "outside": False,
-                                        "mode": "networks"}
+                                        "mode": "networks", "hidden_names": {"egress": ["egress-web"]}}
     assert plan["front"]["reach"]["services"] == ["api", "egress"] and plan["front"]["reach_limited"]
     ps = node.run(f"cd ~ && {OUT}/run.sh ps", timeout=120).stdout
     assert "NETWORK jail: egress sandbox" in ps and "NETWORK data: api db" in ps, ps
@@ -172,5 +181,7 @@ def test_dockers_dns_answers_each_service_the_names_its_networks_reach(nets):
     assert ask("front", "api") == own["api"]
     assert ask("api", "db") == own["db"]
     assert ask("sandbox", "egress") == own["egress"]
+    assert ask("sandbox", "proxy") == own["egress"] and ask("front", "egress-web") == own["egress"]
+    assert ask("sandbox", "egress-web").startswith("rcode ") and ask("front", "proxy").startswith("rcode ")
     for via, name in (("front", "db"), ("sandbox", "api"), ("sandbox", "db")):
         assert ask(via, name).startswith("rcode "), f"{via} resolved {name}"

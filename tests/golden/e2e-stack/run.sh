@@ -81,6 +81,7 @@ svc_0_db() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_HIDDEN_NAMES=()
     S_NETWORKS=default
     S_DNS_PORT=
     S_HEALTH=(CMD-SHELL 'pg_isready -h db -U app -d app')
@@ -126,6 +127,7 @@ svc_1_llm() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_HIDDEN_NAMES=()
     S_NETWORKS=default
     S_DNS_PORT=
     S_CHECK=()
@@ -172,6 +174,7 @@ svc_2_redis() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_HIDDEN_NAMES=()
     S_NETWORKS=default
     S_DNS_PORT=
     S_HEALTH=(CMD redis-cli -h 127.45.3.7 ping)
@@ -217,6 +220,7 @@ svc_3_init() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_HIDDEN_NAMES=()
     S_NETWORKS=default
     S_DNS_PORT=
     S_HEALTH=()
@@ -261,6 +265,7 @@ svc_4_api() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_HIDDEN_NAMES=()
     S_NETWORKS=default
     S_DNS_PORT=
     S_HEALTH=(CMD python3 /app/server.py health)
@@ -306,6 +311,7 @@ svc_5_worker() {
     S_FORWARDS=()
     S_PUBLISHED=()
     S_PORT_MAP=()
+    S_HIDDEN_NAMES=()
     S_NETWORKS=default
     S_DNS_PORT=
     S_HEALTH=(CMD python3 /app/server.py health)
@@ -347,6 +353,7 @@ svc_6_proxy() {
     S_SOCKETS=()
     S_EMPTY=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)
     S_PUBLISHED=('80 0.0.0.0:18080')
+    S_HIDDEN_NAMES=()
     S_NETWORKS=default
     S_DNS_PORT=
     S_HEALTH=()
