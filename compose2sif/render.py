@@ -320,6 +320,8 @@ def render_runner(plan: Plan) -> str:
            "# the node as services on their own addresses reach it (host.docker.internal): forwarders serve",
            "# every port published on all interfaces there too",
            f"GATEWAY={gateway_address(plan.address_block)}",
+           "# a network_mode: host service beside own addresses: their binds share ports with its wildcard ones",
+           f"SHARE_PORTS={1 if any(s.host_network for s in plan.services) else 0}",
            "# the project's DNS server, where the tracer sends queries to Docker's 127.0.0.11 (run/lib/dns.sh)",
            f'DNS_ENDPOINT="$GATEWAY:{dns_port(plan.port_base)}"',
            f"LEVELS=({' '.join(str(s.level) for s in plan.services)})",

@@ -635,3 +635,53 @@ def test_private_closes_what_another_user_connects_before_the_program_reads(trac
     shutil.rmtree(shared)
     assert results[True] == ["served", "closed", "served", "closed", "served"]
     assert results[False] == ["served"] * 5
+
+
+SERVE_NAMED = textwrap.dedent("""
+    import socket, sys
+    family = socket.AF_INET6 if sys.argv[3] == "6" else socket.AF_INET
+    s = socket.socket(family); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", int(sys.argv[2]))); s.listen()
+    except OSError as e:
+        print("bind failed", e.errno, flush=True); sys.exit(0)
+    print("ready", flush=True)
+    while True:
+        c, _ = s.accept(); c.sendall(sys.argv[1].encode() + b"\\n"); c.close()
+""")
+
+
+@pytest.mark.parametrize("host_first", [True, False], ids=["host-first", "own-first"])
+@pytest.mark.parametrize("family", ["4", "6"])
+def test_a_host_network_wildcard_bind_and_own_address_binds_share_a_port(tracer, host_first, family):
+    """qanything: a network_mode: host service binds the wildcard on a port that another service
+    holds on its own address. --host-network and --share-ports let both bind, whichever is first;
+    a connection to the own address reaches that service, one to 127.0.0.1 the host-network one.
+    Without them the second bind fails (the check can fail)."""
+    addr = "127.0.9.31"
+    results = {}
+    for shared in (True, False):
+        port = free_port("127.0.0.1")
+        host = [str(tracer), "--host-network", "--", sys.executable, "-c", SERVE_NAMED, "host", str(port), family]
+        own = [str(tracer), "--addr", addr, "--share-ports", "--", sys.executable, "-c", SERVE_NAMED, "own",
+               str(port), family]
+        order = [host, own] if host_first else [own, host]
+        if not shared:
+            order = [[w for w in argv if w not in ("--host-network", "--share-ports")] for argv in order]
+            order = [argv[argv.index("--") + 1:] if "--addr" not in argv else argv for argv in order]
+        started = []
+        try:
+            said = []
+            for argv in order:
+                started.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                said.append(started[-1].stdout.readline().strip())
+            results[shared] = said
+            if said == ["ready", "ready"]:
+                ask = lambda where: socket.create_connection((where, port), timeout=5).makefile().readline().strip()
+                results[shared] += [ask(addr), ask("127.0.0.1")]
+        finally:
+            for proc in started:
+                proc.kill()
+                proc.wait()
+    assert results[True] == ["ready", "ready", "own", "host"]
+    assert results[False] == ["ready", "bind failed 98"]

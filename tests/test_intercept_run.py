@@ -263,24 +263,28 @@ def test_the_entry_probe_and_exec_run_under_the_tracer_with_words_quoted(project
     dns = run_lib(tmp_path, 'echo "$DNS_ENDPOINT"').stdout.strip()
     assert dns.startswith(f"{BLOCK}.1:")
     assert words == (f"</.c2s/loopback><--addr><{BLOCK}.2><--dns><{dns}><--record></.c2s/records/a><--peers>"
-                     "</.c2s/records><--private><--><id><-u>")
+                     "</.c2s/records><--private><--share-ports><--><id><-u>")  # (zz is on the host network)
     wrapper = (run / "a.traced").read_text()
     assert wrapper.splitlines()[-1] == (f"exec '/.c2s/loopback' '--addr' '{BLOCK}.2' '--block' '24050-24099' "
                                         f"'--dns' '{dns}' '--record' '/.c2s/records/a' '--peers' '/.c2s/records' '--private' "
-                                        "'--' '/bin/sh' "
+                                        "'--share-ports' '--' '/bin/sh' "
                                         "'/.c2s/entry' \"$@\"")
     entry = (run / "busybox.entry").read_text()
     assert 'eval "$C2S_LAUNCH"' in entry and "exec /.singularity.d/runscript" in entry
 
 
-def test_a_host_network_service_runs_as_it_asked_untraced(project):
-    """network_mode: host asks for the node's network as it is: no tracer, in intercept mode too."""
+def test_a_host_network_service_keeps_the_nodes_network_and_shares_ports_with_own_addresses(project):
+    """network_mode: host asks for the node's network as it is: nothing of it is relocated, and
+    its execs run untraced. Its entry runs under --host-network alone, so that its wildcard binds
+    share a port with the own-address binds of the others (--share-ports)."""
     tmp_path, _, _ = project
     intercept(tmp_path)
     proc = run_lib(tmp_path, 'load_service zz && START_FLAGS=() && if loopback_start_flags; then echo traced; fi; '
                              'traced id -u && printf "<%s>" "${TRACED[@]}"')
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "<id><-u>"
+    assert proc.stdout == "traced\n<id><-u>"
+    wrapper = (tmp_path / "out" / "state" / "run" / "zz.traced").read_text()
+    assert wrapper.splitlines()[-1] == "exec '/.c2s/loopback' '--host-network' '--' '/bin/sh' '/.c2s/entry' \"$@\""
 
 
 def test_a_service_a_batch_job_runs_across_nodes_runs_untraced(project):

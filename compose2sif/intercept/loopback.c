@@ -1,7 +1,8 @@
 /* c2s-loopback: run a command with a per-service virtual loopback.
  *
  *   c2s-loopback --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--dns ADDR:PORT] [--record FILE]
- *                [--peers DIR] [--reach ADDR,...] [--internal] [--private] -- COMMAND [ARG]...
+ *                [--peers DIR] [--reach ADDR,...] [--internal] [--private] [--share-ports] -- COMMAND [ARG]...
+ *   c2s-loopback --host-network -- COMMAND [ARG]...   (a network_mode: host service beside own addresses)
  *   c2s-loopback --serve-dns ADDR:PORT --hosts FILE [--no-relay]   (the project's DNS server: loopback_dns.c)
  *   c2s-loopback --check [--addr 127.A.B.C]     (exit 0: works here; 1 and one line: why not)
  *   c2s-loopback --version
@@ -26,6 +27,10 @@
  *   - with --private, a TCP connection it accepts whose peer socket belongs to another user of
  *     the node (not this one, not root) is closed before the program sees it, and the accept
  *     waits for the next one (loopback_owner.c);
+ *   - with --share-ports (own-address binds) and --host-network (a host-network service's binds
+ *     to 0.0.0.0 or [::], nothing else stopped), the bound socket gets SO_REUSEPORT, and a bind
+ *     that found the port taken runs once more: a wildcard listener and own-address listeners of
+ *     this user then share a port, each connection going to its exact address's listener first;
  *   - everything else is untouched.
  * Each distinct relocation is appended once to --record, one line: KIND PROTO FROM TO. A tracer
  * started beside the service's entry (a healthcheck, an exec) with the same --record finds the
@@ -149,7 +154,8 @@ static int kernel_before(int major, int minor)
 static void usage(void)
 {
     fprintf(stderr, "usage: " NAME " --addr 127.A.B.C [--block LO-HI] [--map P:Q]... [--dns ADDR:PORT] [--record FILE]"
-                    " [--peers DIR] [--reach ADDR,...] [--internal] [--private] -- COMMAND [ARG]...\n       " NAME " --check [--addr 127.A.B.C]\n       "
+                    " [--peers DIR] [--reach ADDR,...] [--internal] [--private] [--share-ports] -- COMMAND [ARG]...\n       "
+                    NAME " --host-network -- COMMAND [ARG]...\n       " NAME " --check [--addr 127.A.B.C]\n       "
                     NAME " --serve-dns ADDR:PORT --hosts FILE [--no-relay]\n");
     exit(EXIT_SETUP);
 }
@@ -168,7 +174,8 @@ static int parse_port(const char *text, uint16_t *port)
 static int switch_on(const char *arg, int *check)
 {
     static const struct { const char *name; int *flag; } switches[] = {
-        {"--internal", &internal_only}, {"--private", &private_only}, {"--no-relay", &dns_no_relay}};
+        {"--internal", &internal_only}, {"--private", &private_only}, {"--no-relay", &dns_no_relay},
+        {"--share-ports", &share_ports}, {"--host-network", &host_network}};
     if (!strcmp(arg, "--check"))
         return *check = 1;
     for (size_t k = 0; k < sizeof switches / sizeof switches[0]; k++)
@@ -253,8 +260,8 @@ int main(int argc, char **argv)
             usage();
         return serve_dns(serve_listen, hosts_file);
     }
-    if (check && !addr_text)
-        addr_text = "127.0.0.2";
+    if ((check || host_network) && !addr_text)
+        addr_text = "127.0.0.2";  /* (--host-network relocates nothing: no own address) */
     if (!addr_text || inet_pton(AF_INET, addr_text, &own_addr) != 1 || (ntohl(own_addr.s_addr) >> 24) != 127) {
         fprintf(stderr, NAME ": --addr (or C2S_LOOPBACK_ADDR) must be an address in 127.0.0.0/8\n");
         return EXIT_SETUP;
@@ -378,7 +385,7 @@ int main(int argc, char **argv)
             break;
         default:
             if (sig == (SIGTRAP | 0x80)) {
-                if (on_closing_stop(t))
+                if (on_closing_stop(t) || on_sharing_stop(t))
                     break;
                 t->phase = next_phase(t->phase, STOP_SYSCALL, 0, legacy_order);
                 if (t->phase == AT_EXIT)

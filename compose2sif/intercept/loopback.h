@@ -45,6 +45,10 @@ extern struct in_addr reach_addrs[REACH_MAX];  /* --reach: the project's address
 extern int reach_count;                  /* -1: no --reach (all of the project's) */
 extern int internal_only;                /* --internal: nothing beyond the project's /24 */
 extern int private_only;                 /* --private: accepted connections of other users closed */
+extern int share_ports;                  /* --share-ports: its binds get SO_REUSEPORT, for a host-network
+                                          * service's wildcard bind beside them (loopback_ptrace.c) */
+extern int host_network;                 /* --host-network: no own address; only its wildcard binds are
+                                          * stopped, to get SO_REUSEPORT */
 
 /* ---- the rules (loopback_rules.c) ------------------------------------------------------------ */
 
@@ -94,7 +98,10 @@ struct tracee {
     int parked;                   /* an IPv6-only bind moved to [::1]:0 */
     int retries;
     int closing;                  /* 1, 2: a close() of a foreign connection injected (entry, exit) */
-    struct user_regs_struct saved;/* the accept's registers, to run it again after that close */
+    int sharing;                  /* 1, 2: a setsockopt(SO_REUSEPORT) injected after a bind (entry, exit) */
+    int shared;                   /* 1: this bind's socket is to get SO_REUSEPORT at its exit; 2: it got it */
+    struct user_regs_struct saved;/* the accept's registers, to run it again after that close; the
+                                   * bind's, to finish it after that setsockopt */
 };
 
 /* The seccomp filter that stops bind, connect and sendto-with-an-address, for the child to install. */
@@ -107,5 +114,6 @@ void on_seccomp_stop(struct tracee *t);
 void on_call_exit(struct tracee *t);
 /* A syscall stop of a tracee whose injected close() is under way: returns 0 where there is none. */
 int on_closing_stop(struct tracee *t);
+int on_sharing_stop(struct tracee *t);
 
 #endif

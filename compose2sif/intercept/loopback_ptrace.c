@@ -18,6 +18,8 @@
 #include <sys/user.h>
 
 int legacy_order;
+int share_ports;
+int host_network;
 
 /* ---- tracee memory and registers -------------------------------------------------------------- */
 
@@ -163,6 +165,14 @@ static int place_copy(struct tracee *t, struct user_regs_struct *regs)
     return -1;
 }
 
+/* Where a host-network service's bind asks for every address: 0.0.0.0 or [::]. */
+static int wildcard(const union sockaddr_any *a)
+{
+    if (a->sa.sa_family == AF_INET)
+        return a->in4.sin_addr.s_addr == htonl(INADDR_ANY);
+    return !memcmp(&a->in6.sin6_addr, &in6addr_any, sizeof in6addr_any);
+}
+
 void on_seccomp_stop(struct tracee *t)
 {
     struct user_regs_struct regs;
@@ -179,9 +189,11 @@ void on_seccomp_stop(struct tracee *t)
         t->nr = (long)regs.orig_rax;
         t->fd = (long)regs.rdi;
         t->user_ptr = *addr_register(&regs, t->nr);
+        t->copy_ptr = 0;
         reg_t len = addr_length(&regs, t->nr);
         t->parked = 0;
         t->retries = 0;
+        t->shared = 0;
         if (t->user_ptr && len >= sizeof(struct sockaddr_in) && len <= sizeof t->original) {
             t->len = (socklen_t)len;
             memset(&t->original, 0, sizeof t->original);
@@ -189,8 +201,11 @@ void on_seccomp_stop(struct tracee *t)
                 int family_ok = t->original.sa.sa_family == AF_INET ||
                                 (t->original.sa.sa_family == AF_INET6 && len >= 24);
                 t->rewritten = t->original;
-                int relocated = family_ok && relocate(&t->rewritten, t->nr == SYS_bind, t->tid, t->fd);
-                int err = family_ok && t->nr != SYS_bind ? refusal(&t->rewritten) : 0;
+                int relocated = family_ok && !host_network && relocate(&t->rewritten, t->nr == SYS_bind, t->tid, t->fd);
+                int err = family_ok && !host_network && t->nr != SYS_bind ? refusal(&t->rewritten) : 0;
+                /* --share-ports: a bind on its own address; --host-network: a wildcard bind */
+                if (family_ok && t->nr == SYS_bind && (host_network ? wildcard(&t->original) : share_ports))
+                    t->shared = 1;
                 if (err) {  /* not on a network of the service: the call is skipped and fails */
                     regs.orig_rax = (reg_t)-1;
                     regs.rax = (reg_t)-err;
@@ -207,17 +222,22 @@ void on_seccomp_stop(struct tracee *t)
                     if (t->copy_ptr != t->user_ptr && ptrace(PTRACE_SETREGS, t->tid, 0, &regs) < 0)
                         rewrite = 0;
                 }
+                if (!rewrite) {  /* the call goes as written (its exit may still be wanted: t->shared) */
+                    t->rewritten = t->original;
+                    t->copy_ptr = 0;
+                }
             }
         }
     }
-    t->phase = next_phase(t->phase, STOP_SECCOMP, rewrite, legacy_order);
+    t->phase = next_phase(t->phase, STOP_SECCOMP, rewrite || t->shared == 1, legacy_order);
     resume(t->tid, t->phase == IDLE ? PTRACE_CONT : PTRACE_SYSCALL, 0);
 }
 
 /* Restarts the call that just returned, with the tracee's rewritten sockaddr as it now is. */
 static void restart_call(struct tracee *t, struct user_regs_struct *regs)
 {
-    write_memory(t->tid, t->copy_ptr, &t->rewritten, t->len, t->copy_ptr == t->user_ptr);
+    if (t->copy_ptr)
+        write_memory(t->tid, t->copy_ptr, &t->rewritten, t->len, t->copy_ptr == t->user_ptr);
     regs->rip -= 2;  /* the `syscall` instruction */
     regs->rax = regs->orig_rax;
     ptrace(PTRACE_SETREGS, t->tid, 0, regs);
@@ -259,6 +279,60 @@ int on_closing_stop(struct tracee *t)
     t->closing = 0;
     ptrace(PTRACE_SETREGS, t->tid, 0, &regs);
     resume(t->tid, PTRACE_CONT, 0);
+    return 1;
+}
+
+/* --share-ports, --host-network: after a bind of a socket on a port that a host-network
+ * service's wildcard bind and own-address binds hold together, setsockopt(SO_REUSEPORT, 1) is
+ * injected (the `syscall` instruction run again with its number; the 1 below the stack's red
+ * zone, under the rewritten sockaddr's copy). The kernel then lets the wildcard listener and
+ * the own-address ones of this user share the port, and sends each connection to the listener
+ * of its exact address first: the own addresses keep theirs, as each container keeps its own
+ * under Docker. A bind that failed with EADDRINUSE runs once more after it (on_sharing_stop). */
+static int inject_share(struct tracee *t, struct user_regs_struct *regs)
+{
+    static const int one = 1;
+    unsigned long flag = ((regs->rsp - 128 - sizeof t->rewritten) & ~15UL) - 16;
+    if (write_memory(t->tid, flag, &one, sizeof one, 0) != 0)
+        return 0;
+    t->saved = *regs;
+    regs->rax = SYS_setsockopt;
+    regs->rdi = (reg_t)t->fd;
+    regs->rsi = SOL_SOCKET;
+    regs->rdx = SO_REUSEPORT;
+    regs->r10 = flag;
+    regs->r8 = sizeof one;
+    regs->rip -= 2;
+    if (ptrace(PTRACE_SETREGS, t->tid, 0, regs) != 0) {
+        *regs = t->saved;
+        return 0;
+    }
+    t->sharing = 1;
+    t->shared = 2;
+    resume(t->tid, PTRACE_SYSCALL, 0);
+    return 1;
+}
+
+static void finish_call(struct tracee *t, struct user_regs_struct *regs);
+
+int on_sharing_stop(struct tracee *t)
+{
+    if (!t->sharing)
+        return 0;
+    if (t->sharing == 1) {  /* the injected setsockopt's entry */
+        t->sharing = 2;
+        resume(t->tid, PTRACE_SYSCALL, 0);
+        return 1;
+    }
+    struct user_regs_struct regs = t->saved;  /* its exit: the bind's own exit again */
+    t->sharing = 0;
+    ptrace(PTRACE_SETREGS, t->tid, 0, &regs);
+    if ((long)regs.rax == -EADDRINUSE) {  /* once more, now that its socket shares the port */
+        restart_call(t, &regs);
+        resume(t->tid, PTRACE_CONT, 0);
+        return 1;
+    }
+    finish_call(t, &regs);
     return 1;
 }
 
@@ -312,12 +386,22 @@ void on_call_exit(struct tracee *t)
         resume(t->tid, PTRACE_CONT, 0);
         return;
     }
+    if (bind && t->shared == 1 && (ret == 0 || ret == -EADDRINUSE) && inject_share(t, &regs))
+        return;
+    finish_call(t, &regs);
+}
 
-    if (t->copy_ptr == t->user_ptr)
+/* The call's exit as the program sees it: its sockaddr argument as it passed it, the relocation
+ * recorded. */
+static void finish_call(struct tracee *t, struct user_regs_struct *regs)
+{
+    long ret = (long)regs->rax;
+    int bind = t->nr == SYS_bind;
+    if (t->copy_ptr && t->copy_ptr == t->user_ptr)
         write_memory(t->tid, t->user_ptr, &t->original, t->len, 1);
-    else {
-        *addr_register(&regs, t->nr) = t->user_ptr;
-        ptrace(PTRACE_SETREGS, t->tid, 0, &regs);
+    else if (t->copy_ptr) {
+        *addr_register(regs, t->nr) = t->user_ptr;
+        ptrace(PTRACE_SETREGS, t->tid, 0, regs);
     }
     if ((ret >= 0 || ret == -EINPROGRESS) && memcmp(&t->rewritten, &t->original, t->len) != 0)
         record(t->parked ? "park" : bind ? "bind" : t->nr == SYS_connect ? "connect" : "sendto", t->tid, t->fd,
@@ -332,17 +416,19 @@ int install_filter(void)
 {
     /* accept and accept4 stop only under --private (no system call has the other number) */
     const uint32_t nothing = 0x7ffffff0, accept_nr = private_only ? SYS_accept : nothing,
-                   accept4_nr = private_only ? SYS_accept4 : nothing;
+                   accept4_nr = private_only ? SYS_accept4 : nothing,
+                   /* --host-network: only its binds (the node's network is its own) */
+                   connect_nr = host_network ? nothing : SYS_connect, sendto_nr = host_network ? nothing : SYS_sendto;
     struct sock_filter code[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),  /* i386 processes: not relocated */
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_bind, 7, 0),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_connect, 6, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, connect_nr, 6, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, accept_nr, 5, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, accept4_nr, 4, 0),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_sendto, 1, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, sendto_nr, 1, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
         /* sendto without an address (send() on a connected socket): no stop */
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[4])),

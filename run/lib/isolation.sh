@@ -24,6 +24,14 @@ traced_service() {
     [ "$ISOLATION" = intercept ] && [ "$S_HOST_NETWORK" != 1 ] && [[ " ${C2S_NODE_NETWORK:-} " != *" $S_NAME "* ]]
 }
 
+# A network_mode: host service beside services on their own addresses: its entry runs under the
+# tracer's --host-network (its wildcard binds share their port with the own addresses' binds,
+# which get --share-ports: SHARE_PORTS, convert's), and nothing else of it is relocated.
+host_beside_own_addresses() {
+    [ "$ISOLATION" = intercept ] && [ "$S_HOST_NETWORK" = 1 ] && [ "$SHARE_PORTS" = 1 ] &&
+        [[ " ${C2S_NODE_NETWORK:-} " != *" $S_NAME "* ]]
+}
+
 # Services whose ports work only on a loopback of their own (a privileged port, or one another
 # service holds too, that nothing could move: S_NEEDS_LOOPBACK, decided by convert), where they
 # would run untraced: one line each, and 1.
@@ -119,16 +127,25 @@ tracer_words() {
     if [ "$S_INTERNAL" = 1 ]; then TRACER_WORDS+=(--internal); fi
     # no other user of the node gets a connection it accepts (its published ports' forwarders are ours)
     TRACER_WORDS+=(--private)
+    # a host-network service's wildcard binds share their ports with its binds
+    if [ "$SHARE_PORTS" = 1 ]; then TRACER_WORDS+=(--share-ports); fi
 }
 
 # In intercept mode, the flags that start the loaded service's entry under the tracer (added to
 # START_FLAGS): the tracer and the records bound in, and a start script of ours over the image's
 # that runs the image's own (its definition's %startscript) under c2s-loopback. Returns 1 in plan
-# mode, for a host-network service, and for a definition without a start script of ours (the
-# image's start script as it is).
+# mode, for a host-network service alone on the node's network, and for a definition without a
+# start script of ours (the image's start script as it is).
 loopback_start_flags() {
-    traced_service || return 1
-    local key=${S_SIF##*/} lines=() line i entry wrapper word
+    local key=${S_SIF##*/} lines=() line i entry wrapper word words=()
+    if traced_service; then
+        tracer_words --block "$LOOPBACK_BLOCK"
+        words=("${TRACER_WORDS[@]}")
+    elif host_beside_own_addresses; then
+        words=("$LOOPBACK_IN" --host-network)
+    else
+        return 1
+    fi
     key=${key%.sif}
     entry="$RUNDIR/$key.entry" wrapper="$RUNDIR/$S_NAME.traced"
     # the definition's lines, each with its newline (a last line without one is not taken)
@@ -141,11 +158,10 @@ loopback_start_flags() {
         printf '#!/bin/sh\n\n'
         for line in "${lines[@]:i+1}"; do if [[ $line == *$'\n' ]]; then printf '%s' "$line"; fi; done
     } >"$entry.$BASHPID" && mv -f "$entry.$BASHPID" "$entry" || return 1
-    tracer_words --block "$LOOPBACK_BLOCK"
     {
         printf '#!/bin/sh\n# compose2sif: the start script under the per-service loopback (run/lib/isolation.sh)\nexec'
         # each word quoted for /bin/sh whatever it holds: in single quotes, a ' as '\''
-        for word in "${TRACER_WORDS[@]}" -- /bin/sh /.c2s/entry; do printf " '%s'" "${word//\'/\'\\\'\'}"; done
+        for word in "${words[@]}" -- /bin/sh /.c2s/entry; do printf " '%s'" "${word//\'/\'\\\'\'}"; done
         printf ' "$@"\n'
     } >"$wrapper.$BASHPID" && chmod 0755 "$wrapper.$BASHPID" && mv -f "$wrapper.$BASHPID" "$wrapper" || return 1
     START_FLAGS+=(--bind "$LOOPBACK:$LOOPBACK_IN:ro" --bind "$RUNDIR/loopback:$RECORDS_IN"

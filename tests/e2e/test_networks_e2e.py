@@ -95,6 +95,19 @@ def test_a_service_on_no_common_network_is_not_found_by_name_and_refused_by_addr
     assert from_inside(node, "sandbox", own["db"], 6379) == "refused 111"
 
 
+def test_a_host_network_wildcard_bind_and_an_own_address_bind_share_a_port(nets):
+    """qanything: hostnet binds 0.0.0.0:18213 on the node's network, metrics binds 18213 on its own
+    address after it. Each answers where Docker would send the connection."""
+    node, proc = nets
+    own = addresses(node)
+    said = node.run(f"python3 -c {shlex.quote(ASK)} 127.0.0.1 18213", timeout=60)
+    assert said.stdout.strip() == "I am hostnet", said.stdout + said.stderr + proc.stderr
+    said = node.run(f"python3 -c {shlex.quote(ASK)} {own['metrics']} 18213", timeout=60)
+    assert said.stdout.strip() == "I am metrics", said.stdout + said.stderr
+    assert from_inside(node, "front", "metrics", 18213) == "I am metrics"
+    assert from_inside(node, "front", "host.docker.internal", 18213) == "I am hostnet"
+
+
 def test_a_per_network_alias_is_found_on_its_network_only(nets):
     node, _ = nets
     assert from_inside(node, "sandbox", "proxy", 8000) == "I am egress"     # jail's alias, from jail
@@ -120,7 +133,8 @@ def test_plan_and_ps_say_who_reaches_whom(nets):
     plan = {s["name"]: s for s in json.loads((node.home / OUT / "plan.json").read_text())["services"]}
     assert plan["sandbox"]["reach"] == {"networks": ["jail"], "services": ["egress"], "outside": False,
                                         "mode": "networks", "hidden_names": {"egress": ["egress-web"]}}
-    assert plan["front"]["reach"]["services"] == ["api", "egress"] and plan["front"]["reach_limited"]
+    assert plan["front"]["reach"]["services"] == ["api", "egress", "hostnet", "metrics"]
+    assert plan["front"]["reach_limited"]
     ps = node.run(f"cd ~ && {OUT}/run.sh ps", timeout=120).stdout
     assert "NETWORK jail: egress sandbox" in ps and "NETWORK data: api db" in ps, ps
     rows = {r["service"]: r for r in json.loads(node.run(f"cd ~ && {OUT}/run.sh ps --format json",

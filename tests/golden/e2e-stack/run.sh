@@ -39,6 +39,8 @@ LOOPBACK_BLOCK=30050-30099
 # the node as services on their own addresses reach it (host.docker.internal): forwarders serve
 # every port published on all interfaces there too
 GATEWAY=127.45.3.1
+# a network_mode: host service beside own addresses: their binds share ports with its wildcard ones
+SHARE_PORTS=0
 # the project's DNS server, where the tracer sends queries to Docker's 127.0.0.11 (run/lib/dns.sh)
 DNS_ENDPOINT="$GATEWAY:30049"
 LEVELS=(0 0 0 1 2 2 3)
