@@ -203,6 +203,17 @@ def test_up_points_at_the_free_port_an_entry_point_published_with_no_host_side_g
     assert ":0/" not in proc.stderr and "db:" not in proc.stderr, proc.stderr  # not started: no port to name
 
 
+def test_a_bind_source_the_user_cannot_create_fails_the_service_in_one_line(project):
+    # directus' ./data/database, in a project directory the user cannot write (here: under a file)
+    (project / "blocker").write_text("")
+    setup = (f"S_EMPTY=() S_FILLS=() S_KEEPS=() S_MOUNT_POINTS=() S_MKDIRS=({project}/blocker/data/database); "
+             "prepare_dirs")
+    proc = run_verb(project, "up", "eval", setup)
+    assert proc.returncode == 1 and proc.stderr == "", proc
+    assert proc.stdout == (f"the bind source {project}/blocker/data/database does not exist, and this user cannot "
+                           "create it (Not a directory): create it, or make its parent writable\n"), proc.stdout
+
+
 def test_restart_stops_then_starts_the_service(project):
     sif, instance = service(project, "db", "S_SIF", "S_INSTANCE")
     Path(sif).parent.mkdir(exist_ok=True)

@@ -114,9 +114,15 @@ probe_fakeroot() {
 # then the mount points of binds that land inside another bind's source (made there, as Docker
 # does: a file where a file is bound). Prints why when a fill fails.
 prepare_dirs() {
-    local d i point
+    local d i point why
     for d in "${S_EMPTY[@]}"; do abs "$d" && rm_inside "$ABS"; done
-    for d in "${S_MKDIRS[@]}"; do abs "$d" && { [ -e "$ABS" ] || mkdir -p "$ABS"; }; done
+    for d in "${S_MKDIRS[@]}"; do  # (Docker makes a missing bind source as root; here the user must be able to)
+        abs "$d" && [ ! -e "$ABS" ] || continue
+        if ! why=$(mkdir -p -- "$ABS" 2>&1); then
+            echo "the bind source $ABS does not exist, and this user cannot create it (${why##*: }): create it, or make its parent writable"
+            return 1
+        fi
+    done
     for ((i = 0; i < ${#S_FILLS[@]}; i += 2)); do
         abs "${S_FILLS[i]}"
         fill_volume "$ABS" "${S_FILLS[i + 1]}" || return 1
