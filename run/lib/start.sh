@@ -117,8 +117,8 @@ prepare_dirs() {
     local d i point why
     for d in "${S_EMPTY[@]}"; do abs "$d" && rm_inside "$ABS"; done
     for d in "${S_MKDIRS[@]}"; do  # (Docker makes a missing bind source as root; here the user must be able to)
-        abs "$d" && [ ! -e "$ABS" ] || continue
-        if ! why=$(mkdir -p -- "$ABS" 2>&1); then
+        abs "$d"
+        if [ ! -e "$ABS" ] && ! why=$(mkdir -p -- "$ABS" 2>&1); then
             echo "the bind source $ABS does not exist, and this user cannot create it (${why##*: }): create it, or make its parent writable"
             return 1
         fi
