@@ -98,6 +98,7 @@ class Service:
     runtime: Optional[str]
     expose: List[str] = field(default_factory=list)           # "9000", "7000-7002", "53/udp"
     stop_signal: Optional[str] = None  # the compose file's; None: the image's STOPSIGNAL, else SIGTERM
+    user: Optional[str] = None         # `user: UID[:GID]` (names too), as the compose file gives it
     stop_grace_period: float = 10.0                           # seconds
     pull_policy: str = "missing"
     network_mode: Optional[str] = None
@@ -224,6 +225,7 @@ def build_service(name: str, config: Dict[str, Any]) -> Service:
         runtime=config.get("runtime"),
         expose=[str(item) for item in config.get("expose") or []],
         stop_signal=str(config["stop_signal"]) if config.get("stop_signal") else None,
+        user=None if config.get("user") is None else str(config["user"]),
         stop_grace_period=_seconds(config.get("stop_grace_period"), 10.0),
         pull_policy=str(config.get("pull_policy") or "missing"),
         network_mode=config.get("network_mode"),

@@ -136,7 +136,8 @@ SERVICE_KEYS: Dict[str, KeySupport] = {
     "tty": _u("instances run detached without a terminal; ignored"),
     "ulimits": _e("soft limits are set with `ulimit` in the start script, up to the caller's hard limits"),
     "use_api_socket": _u("there is no Docker API socket; ignored"),
-    "user": _u("Apptainer runs everything as the calling user; ignored"),
+    "user": _u("Apptainer runs everything as the calling user; ignored (root's id or group 0 gets "
+               "--fakeroot where the node gives it: root inside)"),
     "userns_mode": _u("Apptainer chooses the user namespace; ignored"),
     "uts": _u("instances share the host's UTS namespace; ignored"),
     "volumes": _e("bound as Docker mounts them, parents before children (see the volume forms below)"),

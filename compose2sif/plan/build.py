@@ -599,7 +599,19 @@ def _trace_privileged(ports: List[PortPlan], port_base: int) -> None:
 
 def _fakeroot(service: Service, adapter: Optional[Adapter]) -> Optional[Dict[str, Any]]:
     needs = adapter.fakeroot(service) if adapter else None
+    if needs is None and _asks_for_root(service.user):
+        # root's id or group inside (an entrypoint that checks `id -g` is 0, as Airflow's does, or
+        # that chowns): `--fakeroot`, which needs no more than id 0 mapped to the user
+        needs = (0, f"service {service.name!r}: `user: {service.user}` asks for root's "
+                    f"{'user' if _asks_for_root(service.user.split(':')[0]) else 'group'} inside, which needs "
+                    "apptainer --fakeroot, and this node does not give it; it runs as you, and an entrypoint "
+                    "that checks for it may stop")
     return {"ids": needs[0], "without": needs[1]} if needs else None
+
+
+def _asks_for_root(user: Optional[str]) -> bool:
+    """`user: 0`, `root`, `X:0`, `X:root`: root's id or group."""
+    return user is not None and any(part.strip() in ("0", "root") for part in user.split(":")[:2])
 
 
 def _entry_points(plans: List[ServicePlan], adapters: Dict[str, Optional[Adapter]]) -> List[Dict[str, Any]]:
