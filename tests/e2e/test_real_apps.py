@@ -64,28 +64,34 @@ def figures(node, out: str, name: str, took: float, build: float) -> None:
           f"SIFs: {sizes}")
 
 
+def run_project(node, name: str, compose: str, out: str):
+    """The project converted from its own COMPOSE file, built (`build --pull`: the test bed's images
+    are rebuilt when their recipes change, and keep their tags) and up; yields (node, up's result)
+    with the figures printed, and ends with `down -v`."""
+    copy_project(node, name)
+    node.run(f"cd ~ && rm -rf {out}")
+    node.c2s(f"-f rw-{name}/{compose} convert --registry-mirror {node.registry} -o {out}", check=True)
+    took = time.monotonic()
+    built = node.run(f"cd ~ && {out}/run.sh build --pull", timeout=1800)
+    assert built.returncode == 0, built.stdout + built.stderr
+    took = time.monotonic() - took
+    started = time.monotonic()
+    proc = node.run(f"cd ~ && {out}/run.sh up -d", timeout=1800)
+    try:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        figures(node, out, name, time.monotonic() - started, took)
+        yield node, proc
+    finally:
+        node.run(f"cd ~ && {out}/run.sh down -v", timeout=300)
+
+
 PREFECT_OUT = "out-rw-prefect"
 PREFECT_API = "http://127.0.0.1:4200/api"
 
 
 @pytest.fixture(scope="module")
 def prefect(node):
-    copy_project(node, "prefect")
-    node.run(f"cd ~ && rm -rf {PREFECT_OUT}")
-    node.c2s(f"-f rw-prefect/compose.yml convert --registry-mirror {node.registry} -o {PREFECT_OUT}", check=True)
-    # build --pull: the test bed's images are rebuilt when their recipes change, and keep their tags
-    took = time.monotonic()
-    built = node.run(f"cd ~ && {PREFECT_OUT}/run.sh build --pull", timeout=1800)
-    assert built.returncode == 0, built.stdout + built.stderr
-    took = time.monotonic() - took
-    started = time.monotonic()
-    proc = node.run(f"cd ~ && {PREFECT_OUT}/run.sh up -d", timeout=1800)
-    try:
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        figures(node, PREFECT_OUT, "prefect", time.monotonic() - started, took)
-        yield node, proc
-    finally:
-        node.run(f"cd ~ && {PREFECT_OUT}/run.sh down -v", timeout=300)
+    yield from run_project(node, "prefect", "compose.yml", PREFECT_OUT)
 
 
 def test_prefect_api_answers_its_health_endpoint_through_the_published_port(prefect):
@@ -133,22 +139,7 @@ DIRECTUS_ADMIN = {"email": "admin@example.com", "password": "CorpusAdmin1"}  # t
 def directus(node):
     """The docs' example as it is: ./data/database, ./uploads and ./extensions do not exist, and
     Docker would create them."""
-    copy_project(node, "directus")
-    node.run(f"cd ~ && rm -rf {DIRECTUS_OUT}")
-    node.c2s(f"-f rw-directus/docker-compose.yml convert --registry-mirror {node.registry} -o {DIRECTUS_OUT}",
-             check=True)
-    took = time.monotonic()
-    built = node.run(f"cd ~ && {DIRECTUS_OUT}/run.sh build --pull", timeout=1800)
-    assert built.returncode == 0, built.stdout + built.stderr
-    took = time.monotonic() - took
-    started = time.monotonic()
-    proc = node.run(f"cd ~ && {DIRECTUS_OUT}/run.sh up -d", timeout=1800)
-    try:
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        figures(node, DIRECTUS_OUT, "directus", time.monotonic() - started, took)
-        yield node, proc
-    finally:
-        node.run(f"cd ~ && {DIRECTUS_OUT}/run.sh down -v", timeout=300)
+    yield from run_project(node, "directus", "docker-compose.yml", DIRECTUS_OUT)
 
 
 def directus_token(node) -> str:
