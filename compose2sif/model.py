@@ -165,13 +165,10 @@ def _ulimits(config: Dict[str, Any]) -> Dict[str, Tuple[int, int]]:
     return out
 
 
-def _aliases(config: Dict[str, Any]) -> List[str]:
-    aliases: List[str] = []
-    for network in (config.get("networks") or {}).values():
-        for alias in (network or {}).get("aliases") or []:
-            if alias not in aliases:
-                aliases.append(alias)
-    return aliases
+def _network_aliases(config: Dict[str, Any]) -> Dict[str, List[str]]:
+    """Network -> the service's aliases there (networks without any left out)."""
+    return {net: list((spec or {}).get("aliases") or [])
+            for net, spec in (config.get("networks") or {}).items() if (spec or {}).get("aliases")}
 
 
 def _extra_hosts(value: Any) -> List[str]:
@@ -218,7 +215,7 @@ def build_service(name: str, config: Dict[str, Any]) -> Service:
         gpus=_gpu_requests(config),
         container_name=config.get("container_name"),
         hostname=config.get("hostname"),
-        aliases=_aliases(config),
+        aliases=list(dict.fromkeys(a for aliases in _network_aliases(config).values() for a in aliases)),
         extra_hosts=_extra_hosts(config.get("extra_hosts")),
         tmpfs=[config["tmpfs"]] if isinstance(config.get("tmpfs"), str) else list(config.get("tmpfs") or []),
         ulimits=_ulimits(config),
@@ -230,8 +227,7 @@ def build_service(name: str, config: Dict[str, Any]) -> Service:
         pull_policy=str(config.get("pull_policy") or "missing"),
         network_mode=config.get("network_mode"),
         networks=list(config.get("networks") or {}),
-        network_aliases={net: list((spec or {}).get("aliases") or [])
-                         for net, spec in (config.get("networks") or {}).items() if (spec or {}).get("aliases")},
+        network_aliases=_network_aliases(config),
         replicas=deploy.get("replicas") if deploy.get("replicas") is not None else config.get("scale"),
         limits=(deploy.get("resources") or {}).get("limits") or {},
         extensions={k: v for k, v in config.items() if k.startswith("x-")},

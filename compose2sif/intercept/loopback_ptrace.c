@@ -203,7 +203,8 @@ void on_seccomp_stop(struct tracee *t)
                 t->rewritten = t->original;
                 int relocated = family_ok && !host_network && relocate(&t->rewritten, t->nr == SYS_bind, t->tid, t->fd);
                 int err = family_ok && !host_network && t->nr != SYS_bind ? refusal(&t->rewritten) : 0;
-                /* --share-ports: a bind on its own address; --host-network: a wildcard bind */
+                /* its socket to share the port: --share-ports, any IPv4/IPv6 bind (relocated to its own
+                 * address, mostly); --host-network, a wildcard bind */
                 if (family_ok && t->nr == SYS_bind && (host_network ? wildcard(&t->original) : share_ports))
                     t->shared = 1;
                 if (err) {  /* not on a network of the service: the call is skipped and fails */
@@ -282,8 +283,8 @@ int on_closing_stop(struct tracee *t)
     return 1;
 }
 
-/* --share-ports, --host-network: after a bind of a socket on a port that a host-network
- * service's wildcard bind and own-address binds hold together, setsockopt(SO_REUSEPORT, 1) is
+/* --share-ports, --host-network: after such a bind (t->shared, set at its seccomp stop),
+ * succeeded or refused with EADDRINUSE, setsockopt(SO_REUSEPORT, 1) is
  * injected (the `syscall` instruction run again with its number; the 1 below the stack's red
  * zone, under the rewritten sockaddr's copy). The kernel then lets the wildcard listener and
  * the own-address ones of this user share the port, and sends each connection to the listener
