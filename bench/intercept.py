@@ -17,6 +17,9 @@ ratios, traced against untraced, each the median of interleaved rounds.
    http://0.0.0.0:{port} --advertise-client-urls http://127.0.0.1:{port}' with path /version).
 Section 1 and 2 also run the client of another service under --reach with 250 addresses (a
 service on networks of 250 peers, the server's the last): the networks check's cost.
+3. UDP request/response/s of one client of another service against an echo server that receives
+   with recvfrom: untraced, traced, and traced with --private (each datagram's exit stopped and its
+   sender's owner looked up: docs/isolation.md).
 Needs compose2sif installed by pip (its packaged c2s-loopback), cc (the C loops) and Linux x86_64.
 """
 import argparse
@@ -238,6 +241,45 @@ def measure(args, work: Path) -> None:
         plain, same, other = (statistics.median(cpu_us[(keep_alive, c)]) for c in ("plain", "same", "other"))
         print(f"  {'':27s} client CPU per request: untraced {plain:6.1f} us | same service {same:6.1f} us"
               f" (+{same - plain:.1f}), another service {other:6.1f} us (+{other - plain:.1f})")
+
+    # 3. UDP round trips
+    print(f"\nUDP request/response/s, one client of another service, {args.seconds:g} s each (server: Python, recvfrom)")
+    udp = {}
+    for _ in range(args.rounds):
+        for case, words in (("untraced", None), ("traced", ()), ("--private", ("--private",))):
+            port = free_port()
+            argv = [sys.executable, "-c", UDP_SERVER, ADDR if words is None else "0.0.0.0", str(port)]
+            server = subprocess.Popen(argv if words is None else [str(tracer), "--addr", ADDR, *words, "--", *argv],
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            try:
+                server.stdout.readline()
+                client = [str(tracer), "--addr", OTHER, "--", sys.executable, "-c", UDP_CLIENT, ADDR, str(port),
+                          str(args.seconds)]
+                udp.setdefault(case, []).append(float(subprocess.run(client, capture_output=True, text=True,
+                                                                     check=True).stdout))
+            finally:
+                server.terminate()
+                server.wait()
+    plain = statistics.median(udp["untraced"])
+    print("  " + " | ".join(f"{case} {statistics.median(udp[case]):7.0f}/s ({statistics.median(udp[case]) / plain:5.3f})"
+                            for case in udp))
+
+
+UDP_SERVER = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], int(sys.argv[2])))
+print("ready", flush=True)
+while True:
+    data, sender = s.recvfrom(512); s.sendto(data, sender)
+"""
+UDP_CLIENT = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((sys.argv[1], int(sys.argv[2]))); s.settimeout(5)
+end, done = time.monotonic() + float(sys.argv[3]), 0
+while time.monotonic() < end:
+    s.send(b"ping"); s.recv(16); done += 1
+print(done / float(sys.argv[3]))
+"""
 
 
 if __name__ == "__main__":

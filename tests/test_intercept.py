@@ -312,6 +312,68 @@ def test_reach_and_internal_refuse_what_the_services_networks_do_not_reach(servi
     assert bad.returncode == 125 and "--reach wants" in bad.stderr
 
 
+SENDMSG_EACH = textwrap.dedent("""
+    import ctypes, socket, sys
+    for target in sys.argv[1:]:
+        host, port = target.rsplit(":", 1)
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            s.sendmsg([b"ping"], [], 0, (host, int(port)))  # an address in the msghdr, as libuv's UDP sends
+            s.settimeout(3)
+            print(target, s.recv(64).decode())
+        except OSError as e:
+            print(target, e.errno)
+    libc = ctypes.CDLL(None, use_errno=True)
+    params = ctypes.create_string_buffer(120)
+    ring = libc.syscall(425, 4, params)  # io_uring_setup
+    print("io_uring", ring if ring >= 0 else ctypes.get_errno())
+""")
+UDP_ECHO = textwrap.dedent("""
+    import socket, sys
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", int(sys.argv[1])))
+    print("ready", flush=True)
+    while True:
+        data, sender = s.recvfrom(64); s.sendto(b"echo " + data, sender)
+""")
+
+
+def test_sendmsg_with_an_address_is_relocated_and_refused_as_sendto_is_and_io_uring_is_refused(services, tracer):
+    """sendmsg naming its address in the msghdr: 127.0.0.1 goes to the own address (a UDP echo
+    there answers), --reach refuses a peer it does not list (ECONNREFUSED, nothing sent), as for
+    sendto. io_uring_setup fails with EPERM, as Docker's default seccomp profile makes it: a
+    ring's connects and sends would pass no filter."""
+    port = free_port("127.0.0.1")
+    services("127.0.9.41", [sys.executable, "-c", UDP_ECHO, str(port)]).proc.stdout.readline()
+    services("127.0.9.42", [sys.executable, "-c", UDP_ECHO, str(port)]).proc.stdout.readline()
+    targets = [f"127.0.0.1:{port}", f"127.0.9.42:{port}"]
+    free = traced(tracer, "127.0.9.41", [sys.executable, "-c", SENDMSG_EACH, *targets])
+    assert free.stdout.split("\n")[:2] == [f"{targets[0]} echo ping", f"{targets[1]} echo ping"], free.stderr
+    assert free.stdout.split("\n")[2] == "io_uring 1", free.stdout
+    limited = traced(tracer, "127.0.9.41", [sys.executable, "-c", SENDMSG_EACH, *targets], "--reach", "127.0.9.41")
+    assert limited.stdout.split("\n")[:2] == [f"{targets[0]} echo ping", f"{targets[1]} 111"], limited.stderr
+    disabled = Path("/proc/sys/kernel/io_uring_disabled")
+    if not disabled.exists() or disabled.read_text().strip() == "0":  # the kernel gives rings: the check can fail
+        untraced = subprocess.run([sys.executable, "-c", SENDMSG_EACH], capture_output=True, text=True)
+        assert untraced.stdout.startswith("io_uring ") and int(untraced.stdout.split()[1]) > 2, untraced.stdout
+
+
+ASK_CONNECTED = ("import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3); "
+                 "s.connect((sys.argv[1], int(sys.argv[2]))); s.send(b'ping'); print(s.recv(64).decode())")
+
+
+def test_a_udp_reply_reaches_a_connected_client_of_another_service(services, tracer):
+    """A client of another service sends from a connected UDP socket: its datagrams come from
+    127.0.0.1 (the kernel's source towards every 127.x address), and the server's reply to
+    127.0.0.1:ITS-PORT goes there as written, not to the server's own address (where no client
+    is). A send to 127.0.0.1 on a port nothing of the node holds still goes to the own address."""
+    port = free_port("127.0.0.1")
+    services("127.0.9.43", [sys.executable, "-c", UDP_ECHO, str(port)]).proc.stdout.readline()
+    client = traced(tracer, "127.0.9.44", [sys.executable, "-c", ASK_CONNECTED, "127.0.9.43", str(port)])
+    assert client.stdout == "echo ping\n", client.stderr
+    itself = traced(tracer, "127.0.9.43", [sys.executable, "-c", ASK_CONNECTED, "127.0.0.1", str(port)])
+    assert itself.stdout == "echo ping\n", itself.stderr
+
+
 # A rendezvous as torch.distributed's (vLLM's tensor-parallel ranks) makes one: the address found
 # the way vLLM's get_ip does (a UDP connect towards the outside: nothing is sent), a server on
 # every address of a port of the kernel's choosing, and a client connecting to the found address.
@@ -635,6 +697,148 @@ def test_private_closes_what_another_user_connects_before_the_program_reads(trac
     shutil.rmtree(shared)
     assert results[True] == ["served", "closed", "served", "closed", "served"]
     assert results[False] == ["served"] * 5
+
+
+ECHO_DATAGRAMS = textwrap.dedent("""
+    import ctypes, socket, sys
+    port, family, how = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    s = socket.socket(socket.AF_INET6 if family == "6" else socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("::" if family == "6" else "0.0.0.0", port))
+
+    class iovec(ctypes.Structure):
+        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+    class mmsghdr(ctypes.Structure):  # struct msghdr, then msg_len
+        _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32), ("iov", ctypes.POINTER(iovec)),
+                    ("iovlen", ctypes.c_size_t), ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                    ("flags", ctypes.c_int), ("pad", ctypes.c_int), ("len", ctypes.c_uint32)]
+    libc = ctypes.CDLL(None, use_errno=True)
+    def recvmmsg():  # a batch of up to 4 (MSG_WAITFORONE), as busy UDP servers ask; the first one's
+        bufs = [ctypes.create_string_buffer(512) for _ in range(4)]
+        names = [ctypes.create_string_buffer(128) for _ in range(4)]
+        iovs = [iovec(ctypes.cast(b, ctypes.c_void_p), 512) for b in bufs]
+        vec = (mmsghdr * 4)(*[mmsghdr(ctypes.cast(n, ctypes.c_void_p), 128, ctypes.pointer(i), 1, None, 0, 0, 0, 0)
+                              for n, i in zip(names, iovs)])
+        n = libc.recvmmsg(s.fileno(), vec, 4, 0x10000, None)
+        assert n >= 1, ctypes.get_errno()
+        fam = int.from_bytes(names[0].raw[:2], "little")
+        raw = names[0].raw
+        port = int.from_bytes(raw[2:4], "big")
+        host = socket.inet_ntop(fam, raw[4:8] if fam == socket.AF_INET else raw[8:24])
+        return bufs[0].raw[:vec[0].len], (host, port)
+    print("ready", flush=True)
+    while True:
+        if how == "recvmmsg":
+            data, sender = recvmmsg()
+        elif how == "recvmsg":
+            data, _, _, sender = s.recvmsg(512)
+        elif how == "peek":  # as a program sizing a datagram first: the one it then reads is the same
+            peeked, _ = s.recvfrom(512, socket.MSG_PEEK)
+            data, sender = s.recvfrom(512)
+            assert data == peeked, (data, peeked)
+        else:
+            data, sender = s.recvfrom(512)
+        print("got", data.decode(), flush=True)
+        s.sendto(b"served " + data, sender)
+""")
+SEND_DATAGRAM = textwrap.dedent("""
+    import socket, sys
+    addr, port, connected, word = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "connected", sys.argv[4]
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(1.5)
+    if connected:  # as glibc's resolver sends, from an address of the project's (as another service's)
+        s.bind((addr.rsplit(".", 1)[0] + ".23", 0)); s.connect((addr, port)); s.send(word.encode())
+    else:
+        s.sendto(word.encode(), (addr, port))
+    try:
+        print(s.recv(64).decode())
+    except socket.timeout:
+        print("no answer")
+""")
+
+
+@pytest.mark.parametrize("how", ["recvfrom", "recvmsg", "recvmmsg", "peek"])
+@pytest.mark.parametrize("family", ["4", "6"])
+def test_private_drops_datagrams_another_user_sends(tracer, family, how):
+    """--private, UDP: a datagram from a socket of another user (65533) never reaches the service
+    (run by 65534), sent to it unconnected or from a connected socket; its own user's and root's
+    do, before and after, by each way of receiving that names the sender (a peeked one is taken
+    off the socket, not peeked at for ever). Without --private all five are answered."""
+    as_user = lambda uid: ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    python = "/usr/bin/python3"
+    shared = Path(tempfile.mkdtemp())
+    shared.chmod(0o755)
+    copy = Path(shutil.copy(tracer, shared))
+    addr = "127.0.9.22"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind((addr, 0))
+        port = probe.getsockname()[1]
+    senders = [(65534, "plain"), (65533, "plain"), (0, "connected"), (65533, "connected"), (65534, "connected")]
+    results, seen = {}, {}
+    for private in (True, False):
+        server = subprocess.Popen([*as_user(65534), str(copy), "--addr", addr, *(["--private"] if private else []),
+                                   "--", python, "-c", ECHO_DATAGRAMS, str(port), family, how],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+        try:
+            assert server.stdout.readline() == "ready\n", server.stderr.read()
+            results[private] = [subprocess.run([*as_user(uid), python, "-c", SEND_DATAGRAM, addr, str(port), way,
+                                                f"from-{uid}"], cwd="/", capture_output=True, text=True,
+                                               timeout=30).stdout.strip()
+                                for uid, way in senders]
+        finally:
+            server.kill()
+            seen[private] = [line for line in server.communicate()[0].splitlines() if line.startswith("got")]
+    shutil.rmtree(shared)
+    assert results[True] == ["served from-65534", "no answer", "served from-0", "no answer", "served from-65534"]
+    assert seen[True] == ["got from-65534", "got from-0", "got from-65534"]  # the program never saw 65533's
+    assert results[False] == [f"served from-{uid}" for uid, _ in senders]
+
+
+def test_the_projects_dns_server_answers_no_other_user(tracer, tmp_path):
+    """The project's DNS server (--serve-dns) answers its user and root, over UDP and TCP; a query
+    of another user gets nothing (the project's names are the project's, as under Docker)."""
+    as_user = lambda uid: ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    shared = Path(tempfile.mkdtemp())
+    shared.chmod(0o755)
+    copy = Path(shutil.copy(tracer, shared))
+    hosts = shared / "hosts.names"
+    hosts.write_text("127.0.9.20 db\n")
+    hosts.chmod(0o644)
+    port = free_port("127.0.9.1")
+    server = subprocess.Popen([*as_user(65534), str(copy), "--serve-dns", f"127.0.9.1:{port}", "--hosts", str(hosts),
+                               "--no-relay"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    ask = textwrap.dedent(f"""
+        import socket, struct, sys
+        q = struct.pack(">HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0) + b"\\x02db\\x00" + struct.pack(">HH", 1, 1)
+        try:
+            if sys.argv[1] == "tcp":
+                s = socket.create_connection(("127.0.9.1", {port}), timeout=3)
+                s.sendall(struct.pack(">H", len(q)) + q)
+                r = b""
+                while len(r) < 2 or len(r) < 2 + struct.unpack(">H", r[:2])[0]:
+                    part = s.recv(4096)
+                    if not part:
+                        break
+                    r += part
+                r = r[2:]
+            else:
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1.5)
+                s.sendto(q, ("127.0.9.1", {port})); r = s.recv(4096)
+            print(socket.inet_ntoa(r[-4:]) if r else "closed")
+        except socket.timeout:
+            print("no answer")
+        except ConnectionError:  # closed with the query unread: a reset
+            print("closed")
+    """)
+    try:
+        wait_listening("127.0.9.1", port)
+        got = [subprocess.run([*as_user(uid), "/usr/bin/python3", "-c", ask, how], cwd="/", capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+               for uid in (65534, 65533, 0) for how in ("udp", "tcp")]
+    finally:
+        server.kill()
+        server.wait()
+        shutil.rmtree(shared)
+    assert got == ["127.0.9.20", "127.0.9.20", "no answer", "closed", "127.0.9.20", "127.0.9.20"]
 
 
 SERVE_NAMED = textwrap.dedent("""

@@ -26,7 +26,10 @@
  *     skipped, and the first refusal of each destination is said on stderr;
  *   - with --private, a TCP connection it accepts whose peer socket belongs to another user of
  *     the node (not this one, not root) is closed before the program sees it, and the accept
- *     waits for the next one (loopback_owner.c);
+ *     waits for the next one; a UDP datagram such a socket sent is dropped before a receive that
+ *     names the sender returns it, and the receive waits for the next one (loopback_owner.c);
+ *   - sendmsg with an address in its msghdr goes as sendto does; io_uring_setup fails with EPERM
+ *     (a ring's calls would pass the filter), as Docker's default seccomp profile makes it;
  *   - with --share-ports (own-address binds) and --host-network (a host-network service's binds
  *     to 0.0.0.0 or [::], nothing else stopped), the bound socket gets SO_REUSEPORT, and a bind
  *     that found the port taken runs once more: a wildcard listener and own-address listeners of
@@ -37,7 +40,8 @@
  * privileged ports the entry relocated there.
  *
  * How: a seccomp filter (inherited by every descendant) returns SECCOMP_RET_TRACE for bind,
- * connect and sendto-with-an-address only; this process is their ptrace tracer (PTRACE_SEIZE, so
+ * connect, sendto-with-an-address and sendmsg only (with --private also accept and the receives
+ * that name a sender); this process is their ptrace tracer (PTRACE_SEIZE, so
  * group stops and SIGCONT behave; clones, forks, vforks and execs are followed). At the seccomp
  * stop the sockaddr is read, the rewritten copy written below the tracee's stack red zone and the
  * argument register pointed at it; at the syscall-exit stop the register is put back (libc assumes

@@ -44,7 +44,8 @@ extern int legacy_order;                 /* kernel < 4.8: seccomp stop before sy
 extern struct in_addr reach_addrs[REACH_MAX];  /* --reach: the project's addresses it may connect to */
 extern int reach_count;                  /* -1: no --reach (all of the project's) */
 extern int internal_only;                /* --internal: nothing beyond the project's /24 */
-extern int private_only;                 /* --private: accepted connections of other users closed */
+extern int private_only;                 /* --private: accepted connections of other users closed, their
+                                          * datagrams dropped */
 extern int share_ports;                  /* --share-ports: its binds get SO_REUSEPORT, for a host-network
                                           * service's wildcard bind beside them (loopback_ptrace.c) */
 extern int host_network;                 /* --host-network: no own address; only its wildcard binds are
@@ -71,6 +72,8 @@ int v4_mapped_addr(const struct in6_addr *a, struct in_addr *out);
 void refused_once(const union sockaddr_any *a, int err);
 /* The node's own addresses (not 127/8), once at start, for connects to them (loopback_rules.c). */
 void read_node_addresses(void);
+/* Whether A is one of them. */
+int node_address(struct in_addr a);
 /* The kernel's ephemeral port range, once at start (loopback_rules.c: IPv6 loopback, port 0). */
 void read_ephemeral_range(void);
 /* The port privileged port P goes to, allocating from --block on first use; 0 when none is left. */
@@ -84,6 +87,14 @@ void record(const char *kind, pid_t tid, long fd, const union sockaddr_any *from
 
 /* loopback_owner.c: 1 where socket FD of tracee TID is a TCP connection another user's socket made */
 int foreign_peer(pid_t tid, long fd);
+/* 1 where tracee TID's UDP socket FD received its datagram from FROM, a socket of another user;
+ * with DISCARD (it was only peeked at) that datagram is taken off the socket */
+int foreign_sender(pid_t tid, long fd, const union sockaddr_any *from, int discard);
+/* The same for sockets of this process (the project's DNS server); -1: sock_diag cannot tell */
+int foreign_datagram(int fd, const union sockaddr_any *from);
+int foreign_connection(int fd);
+/* 1 where a UDP socket of the node would take a datagram to A:PORT, 0 none, -1 cannot tell */
+int udp_taken_at(struct in_addr a, uint16_t port);
 
 /* ---- the tracees (loopback_ptrace.c) --------------------------------------------------------- */
 
@@ -92,6 +103,8 @@ struct tracee {
     enum phase phase;
     long nr, fd;
     unsigned long user_ptr;       /* the sockaddr the program passed */
+    unsigned long register_value; /* the argument register as it passed it (sendmsg: its msghdr) */
+    struct msghdr msg;            /* sendmsg's msghdr, as it passed it */
     unsigned long copy_ptr;       /* where the rewritten one is (== user_ptr when written in place) */
     socklen_t len;
     union sockaddr_any original, rewritten;
@@ -100,11 +113,15 @@ struct tracee {
     int closing;                  /* 1, 2: a close() of a foreign connection injected (entry, exit) */
     int sharing;                  /* 1, 2: a setsockopt(SO_REUSEPORT) injected after a bind (entry, exit) */
     int shared;                   /* 1: this bind's socket is to get SO_REUSEPORT at its exit; 2: it got it */
+    socklen_t name_len;           /* a receive's address length and control length as the program passed */
+    size_t control_len;           /* them, to run it again after a datagram of another user's */
+    unsigned long long vlen;      /* a recvmmsg's count (0: not changed), put back at its exit */
     struct user_regs_struct saved;/* the accept's registers, to run it again after that close; the
                                    * bind's, to finish it after that setsockopt */
 };
 
-/* The seccomp filter that stops bind, connect and sendto-with-an-address, for the child to install. */
+/* The seccomp filter that stops bind, connect and sendto-with-an-address (with --private also accept
+ * and the receives that give a sender), for the child to install. */
 int install_filter(void);
 /* The tracee TID (a new one when CREATE), valid until the next find/forget. */
 struct tracee *find_tracee(pid_t tid, int create);

@@ -258,6 +258,7 @@ int serve_dns(const char *listen_text, const char *hosts_text)
     }
     at.sin_port = htons((uint16_t)port);
     hosts_path = hosts_text;
+    read_node_addresses();  /* a query from one of them may be another user's */
     if (!dns_no_relay)
         find_upstream();
     load_hosts();
@@ -286,6 +287,10 @@ int serve_dns(const char *listen_text, const char *hosts_text)
             struct sockaddr_storage from;
             socklen_t from_len = sizeof from;
             ssize_t len = recvfrom(udp, q, sizeof q, 0, (struct sockaddr *)&from, &from_len);
+            /* the project's names are its own: another user of the node gets no answer (the
+             * tracer's --private does the same for the services) */
+            if (len > 0 && foreign_datagram(udp, (const union sockaddr_any *)&from) == 1)
+                len = 0;
             if (len > 0) {
                 size_t n = local_answer(q, (size_t)len, r, 512);
                 if (n)
@@ -300,6 +305,10 @@ int serve_dns(const char *listen_text, const char *hosts_text)
         }
         if (fds[1].revents & POLLIN) {
             int c = accept4(tcp, NULL, NULL, SOCK_CLOEXEC);
+            if (c >= 0 && foreign_connection(c) == 1) {
+                close(c);
+                c = -1;
+            }
             if (c >= 0 && fork() == 0) {
                 close(udp);
                 close(tcp);

@@ -1,7 +1,8 @@
-/* c2s-loopback's ptrace side: the seccomp filter that makes bind, connect and sendto-with-an-address
- * stop, the tracees' memory and registers, the table of tracees, and what the tracer does at a
- * call's seccomp stop (read, rewrite by the rules of loopback_rules.c, place the copy) and at its
- * exit (restore, or restart with another address). */
+/* c2s-loopback's ptrace side: the seccomp filter that makes bind, connect, sendto-with-an-address
+ * and sendmsg stop (with --private also accept and the receives that name a sender), the tracees'
+ * memory and registers, the table of tracees, and what the tracer does at a call's seccomp stop
+ * (read, rewrite by the rules of loopback_rules.c, place the copy) and at its exit (restore,
+ * restart with another address, or, for another user's connection or datagram, run it again). */
 #include "loopback.h"
 
 #include <errno.h>
@@ -64,7 +65,9 @@ static int write_memory(pid_t tid, unsigned long addr, const void *buf, size_t l
 /* a register as the C library declares it: unsigned long long in glibc, unsigned long in musl */
 typedef __typeof__(((struct user_regs_struct *)0)->rsi) reg_t;
 
-/* the sockaddr argument and its length: bind/connect(fd, addr, len), sendto(fd, buf, n, flags, addr, len) */
+/* the sockaddr argument and its length: bind/connect(fd, addr, len), sendto(fd, buf, n, flags, addr,
+ * len); sendmsg(fd, msg, flags) names it in its msghdr (on_seccomp_stop reads it), and rsi is the
+ * msghdr's */
 static reg_t *addr_register(struct user_regs_struct *r, long nr)
 {
     return nr == SYS_sendto ? &r->r8 : &r->rsi;
@@ -165,12 +168,116 @@ static int place_copy(struct tracee *t, struct user_regs_struct *regs)
     return -1;
 }
 
+/* sendmsg: a copy of its msghdr naming the rewritten sockaddr's copy, below that copy; its
+ * address, or 0 where it cannot be written. */
+static reg_t place_msghdr(struct tracee *t)
+{
+    struct msghdr m = t->msg;
+    unsigned long at = (t->copy_ptr - sizeof m) & ~15UL;
+    m.msg_name = (void *)t->copy_ptr;
+    return write_memory(t->tid, at, &m, sizeof m, 0) == 0 ? at : 0;
+}
+
 /* Where a host-network service's bind asks for every address: 0.0.0.0 or [::]. */
 static int wildcard(const union sockaddr_any *a)
 {
     if (a->sa.sa_family == AF_INET)
         return a->in4.sin_addr.s_addr == htonl(INADDR_ANY);
     return !memcmp(&a->in6.sin6_addr, &in6addr_any, sizeof in6addr_any);
+}
+
+/* ---- --private: datagrams of other users ------------------------------------------------------ */
+
+static int receives(long nr) { return nr == SYS_recvfrom || nr == SYS_recvmsg || nr == SYS_recvmmsg; }
+
+/* The msghdr a recvmsg fills (at its second argument), or a recvmmsg its first (a struct mmsghdr
+ * begins with one). */
+static int read_msghdr(pid_t tid, const struct user_regs_struct *regs, struct msghdr *m)
+{
+    return read_memory(tid, regs->rsi, m, sizeof *m);
+}
+
+/* A receive that can say who sent the datagram (recvfrom with an address; recvmsg and recvmmsg
+ * with a msg_name): its exit is stopped to look. The lengths the kernel overwrites are kept, to
+ * run it again as the program called it. A recvmmsg takes one datagram per call (each is
+ * looked at on its own): its count is put back at the exit. */
+static void receiving(struct tracee *t, struct user_regs_struct *regs)
+{
+    t->nr = (long)regs->orig_rax;
+    t->fd = (long)regs->rdi;
+    t->vlen = 0;
+    int wanted;
+    if (t->nr == SYS_recvfrom) {
+        wanted = read_memory(t->tid, regs->r9, &t->name_len, sizeof t->name_len) == 0;
+    } else {
+        struct msghdr m;
+        wanted = read_msghdr(t->tid, regs, &m) == 0 && m.msg_name && m.msg_namelen;
+        t->name_len = m.msg_namelen;
+        t->control_len = m.msg_controllen;
+        if (wanted && t->nr == SYS_recvmmsg && regs->rdx > 1) {
+            t->vlen = regs->rdx;
+            regs->rdx = 1;
+            wanted = ptrace(PTRACE_SETREGS, t->tid, 0, regs) == 0;
+        }
+    }
+    t->phase = next_phase(IDLE, STOP_SECCOMP, wanted, legacy_order);
+    resume(t->tid, t->phase == IDLE ? PTRACE_CONT : PTRACE_SYSCALL, 0);
+}
+
+/* The sender of the datagram the receive got: 0, or -1 where it gave none of IPv4 or IPv6. */
+static int sender_of(struct tracee *t, const struct user_regs_struct *regs, union sockaddr_any *from)
+{
+    unsigned long name;
+    socklen_t len;
+    if (t->nr == SYS_recvfrom) {
+        name = regs->r8;
+        if (read_memory(t->tid, regs->r9, &len, sizeof len) != 0)
+            return -1;
+    } else {
+        struct msghdr m;
+        if (read_msghdr(t->tid, regs, &m) != 0)
+            return -1;
+        name = (unsigned long)m.msg_name;
+        len = m.msg_namelen;
+    }
+    memset(from, 0, sizeof *from);
+    if (len < sizeof(struct sockaddr_in) || len > sizeof *from ||
+        read_memory(t->tid, name, from, len) != 0)
+        return -1;
+    return from->sa.sa_family == AF_INET || (from->sa.sa_family == AF_INET6 && len >= 24) ? 0 : -1;
+}
+
+/* The receive's exit. A datagram another user's socket sent (loopback_owner.c) is dropped: the
+ * lengths the kernel wrote are put back and the call runs again, waiting for the next one (a
+ * non-blocking socket gets EAGAIN, as if it had never come). One only peeked at (MSG_PEEK) is
+ * taken off the socket first, through the tracer's copy of it. */
+static void received(struct tracee *t, struct user_regs_struct *regs)
+{
+    long ret = (long)regs->rax;
+    reg_t flags = t->nr == SYS_recvmsg ? regs->rdx : regs->r10;
+    union sockaddr_any from;
+    t->phase = IDLE;
+    if (t->vlen)
+        regs->rdx = t->vlen;
+    if (ret >= (t->nr == SYS_recvmmsg) && sender_of(t, regs, &from) == 0 &&
+        foreign_sender(t->tid, t->fd, &from, (flags & MSG_PEEK) != 0) == 1) {
+        int restored;
+        if (t->nr == SYS_recvfrom) {
+            restored = write_memory(t->tid, regs->r9, &t->name_len, sizeof t->name_len, 0) == 0;
+        } else {
+            struct msghdr m;
+            restored = read_msghdr(t->tid, regs, &m) == 0;
+            m.msg_namelen = t->name_len;
+            m.msg_controllen = t->control_len;
+            restored = restored && write_memory(t->tid, regs->rsi, &m, sizeof m, 0) == 0;
+        }
+        if (restored) {
+            regs->rip -= 2;  /* the `syscall` instruction, as the program called it */
+            regs->rax = regs->orig_rax;
+        }
+    }
+    ptrace(PTRACE_SETREGS, t->tid, 0, regs);
+    resume(t->tid, PTRACE_CONT, 0);
 }
 
 void on_seccomp_stop(struct tracee *t)
@@ -185,12 +292,22 @@ void on_seccomp_stop(struct tracee *t)
         resume(t->tid, PTRACE_SYSCALL, 0);
         return;
     }
+    if (receives((long)regs.orig_rax)) {  /* --private: its exit shows the sender */
+        receiving(t, &regs);
+        return;
+    }
     if (t->phase != RESTARTED) {
         t->nr = (long)regs.orig_rax;
         t->fd = (long)regs.rdi;
-        t->user_ptr = *addr_register(&regs, t->nr);
+        t->user_ptr = t->register_value = *addr_register(&regs, t->nr);
         t->copy_ptr = 0;
         reg_t len = addr_length(&regs, t->nr);
+        if (t->nr == SYS_sendmsg) {  /* its address is the msghdr's msg_name (none: it goes as written) */
+            if (read_memory(t->tid, regs.rsi, &t->msg, sizeof t->msg) != 0)
+                t->msg.msg_name = NULL;
+            t->user_ptr = (unsigned long)t->msg.msg_name;
+            len = t->msg.msg_namelen;
+        }
         t->parked = 0;
         t->retries = 0;
         t->shared = 0;
@@ -218,9 +335,9 @@ void on_seccomp_stop(struct tracee *t)
                     }
                 }
                 rewrite = relocated && place_copy(t, &regs) == 0;
-                if (rewrite) {
-                    *addr_register(&regs, t->nr) = t->copy_ptr;
-                    if (t->copy_ptr != t->user_ptr && ptrace(PTRACE_SETREGS, t->tid, 0, &regs) < 0)
+                if (rewrite && t->copy_ptr != t->user_ptr) {
+                    *addr_register(&regs, t->nr) = t->nr == SYS_sendmsg ? place_msghdr(t) : t->copy_ptr;
+                    if (!*addr_register(&regs, t->nr) || ptrace(PTRACE_SETREGS, t->tid, 0, &regs) < 0)
                         rewrite = 0;
                 }
                 if (!rewrite) {  /* the call goes as written (its exit may still be wanted: t->shared) */
@@ -346,6 +463,10 @@ void on_call_exit(struct tracee *t)
         accepted(t, &regs);
         return;
     }
+    if (receives(t->nr)) {
+        received(t, &regs);
+        return;
+    }
     long ret = (long)regs.rax;
     int bind = t->nr == SYS_bind;
     int v6 = t->original.sa.sa_family == AF_INET6;
@@ -401,11 +522,12 @@ static void finish_call(struct tracee *t, struct user_regs_struct *regs)
     if (t->copy_ptr && t->copy_ptr == t->user_ptr)
         write_memory(t->tid, t->user_ptr, &t->original, t->len, 1);
     else if (t->copy_ptr) {
-        *addr_register(regs, t->nr) = t->user_ptr;
+        *addr_register(regs, t->nr) = t->register_value;
         ptrace(PTRACE_SETREGS, t->tid, 0, regs);
     }
     if ((ret >= 0 || ret == -EINPROGRESS) && memcmp(&t->rewritten, &t->original, t->len) != 0)
-        record(t->parked ? "park" : bind ? "bind" : t->nr == SYS_connect ? "connect" : "sendto", t->tid, t->fd,
+        record(t->parked ? "park" : bind ? "bind" : t->nr == SYS_connect ? "connect" :
+               t->nr == SYS_sendmsg ? "sendmsg" : "sendto", t->tid, t->fd,
                &t->original, &t->rewritten);
     t->phase = IDLE;
     resume(t->tid, PTRACE_CONT, 0);
@@ -415,34 +537,47 @@ static void finish_call(struct tracee *t, struct user_regs_struct *regs)
 
 int install_filter(void)
 {
-    /* accept and accept4 stop only under --private (no system call has the other number) */
+    /* accept, accept4 and the receives stop only under --private (no system call has the other
+     * number) */
     const uint32_t nothing = 0x7ffffff0, accept_nr = private_only ? SYS_accept : nothing,
                    accept4_nr = private_only ? SYS_accept4 : nothing,
+                   recvmsg_nr = private_only ? SYS_recvmsg : nothing,
+                   recvmmsg_nr = private_only ? SYS_recvmmsg : nothing,
+                   recvfrom_nr = private_only ? SYS_recvfrom : nothing,
                    /* --host-network: only its binds (the node's network is its own) */
-                   connect_nr = host_network ? nothing : SYS_connect, sendto_nr = host_network ? nothing : SYS_sendto;
+                   connect_nr = host_network ? nothing : SYS_connect, sendto_nr = host_network ? nothing : SYS_sendto,
+                   sendmsg_nr = host_network ? nothing : SYS_sendmsg;
     struct sock_filter code[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),  /* i386 processes: not relocated */
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_bind, 7, 0),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, connect_nr, 6, 0),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, accept_nr, 5, 0),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, accept4_nr, 4, 0),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, sendto_nr, 1, 0),
+        /* io_uring's rings make connects, accepts and sends no filter sees: refused, as Docker's
+         * default seccomp profile refuses them (moby#46762); programs fall back to epoll */
+        BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, SYS_io_uring_setup, 0, 2),
+        BPF_JUMP(BPF_JMP | BPF_JGT | BPF_K, SYS_io_uring_register, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_bind, 15, 0),      /* -> trace */
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, connect_nr, 14, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, sendmsg_nr, 13, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, accept_nr, 12, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, accept4_nr, 11, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, recvmsg_nr, 10, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, recvmmsg_nr, 9, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, sendto_nr, 2, 0),      /* -> its address */
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, recvfrom_nr, 1, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        /* sendto without an address (send() on a connected socket): no stop */
+        /* sendto and recvfrom without an address (send() on a connected socket, recv()): no stop */
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[4])),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE),
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[4]) + 4),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 1),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE),              /* trace */
     };
     struct sock_fprog prog = {sizeof code / sizeof code[0], code};
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         return -1;
     return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
 }
-

@@ -226,7 +226,7 @@ void read_node_addresses(void)
     freeifaddrs(list);
 }
 
-static int node_address(struct in_addr a)
+int node_address(struct in_addr a)
 {
     for (size_t i = 0; i < n_node_addrs; i++)
         if (node_addrs[i].s_addr == a.s_addr)
@@ -325,12 +325,31 @@ static int bound_on_v6_loopback_only(pid_t tid, long fd, uint16_t port)
     return bound_at(udp, &v6_loopback, port, 0) && !bound_at(udp, &own, port, 0);
 }
 
+/* A datagram to 127.0.0.1 on a port of the kernel's ephemeral range where nothing of the service
+ * is (no UDP socket would take it at the own address): a reply to a client elsewhere on the node,
+ * whose datagrams came from 127.0.0.1 (the kernel's source towards every 127.x address, and a
+ * connected client socket is bound there). It goes as written, not to the service itself. One
+ * sock_diag lookup per such send (where there is none, the socket tables). */
+static int reply_to_a_client_of_the_node(pid_t tid, long fd, uint16_t port)
+{
+    if (port < ephemeral_lo || port > ephemeral_hi || !is_udp(tid, fd))
+        return 0;
+    int own = udp_taken_at(own_addr, port);
+    if (own >= 0)
+        return !own;
+    struct in_addr lo;
+    inet_pton(AF_INET, "127.0.0.1", &lo);
+    struct in6_addr at = mapped(lo), own6 = mapped(own_addr);
+    return bound_at(1, &at, port, 1) && !bound_at(1, &own6, port, 0);
+}
+
 /* ---- the decision ---------------------------------------------------------------------------- */
 
 int relocate(union sockaddr_any *a, int is_bind, pid_t tid, long fd)
 {
     struct in_addr v4;
     uint16_t port;
+    int ipv6_own = 0;  /* [::] or [::1]: the own address as 127.0.0.1 is, with rules of its own above */
     int v6 = a->sa.sa_family == AF_INET6;
     if (a->sa.sa_family == AF_INET) {
         v4 = a->in4.sin_addr;
@@ -341,7 +360,7 @@ int relocate(union sockaddr_any *a, int is_bind, pid_t tid, long fd)
         if (loopback6 && (is_bind ? !a->in6.sin6_port : bound_on_v6_loopback_only(tid, fd, ntohs(a->in6.sin6_port))))
             return 0;  /* see "IPv6 loopback, port 0" */
         if (!memcmp(a6, &v6_any, sizeof v6_any) || loopback6)
-            inet_pton(AF_INET, "127.0.0.1", &v4);
+            inet_pton(AF_INET, "127.0.0.1", &v4), ipv6_own = 1;
         else if (!v4_mapped(a6, &v4))
             return 0;  /* a real IPv6 address: untouched */
         port = ntohs(a->in6.sin6_port);
@@ -349,6 +368,8 @@ int relocate(union sockaddr_any *a, int is_bind, pid_t tid, long fd)
         return 0;
     }
 
+    if (!is_bind && !ipv6_own && is_v4(v4, "127.0.0.1") && reply_to_a_client_of_the_node(tid, fd, port))
+        return 0;
     struct in_addr new_addr = v4;
     uint16_t new_port = port;
     int self = is_v4(v4, "127.0.0.1") || is_v4(v4, "0.0.0.0") || v4.s_addr == own_addr.s_addr ||

@@ -167,6 +167,18 @@ def as_outsider(host: str, port: int) -> str:
     return proc.stdout.strip() or proc.stderr.strip().splitlines()[-1]
 
 
+DATAGRAM = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(3)
+s.sendto(b"who", (sys.argv[1], int(sys.argv[2])))
+try:
+    print(s.recv(64).decode())
+except socket.timeout:
+    print("no answer")
+"""
+
+
 def test_another_user_of_the_node_reaches_only_what_is_published(nets):
     node, _ = nets
     own = addresses(node)
@@ -177,6 +189,15 @@ def test_another_user_of_the_node_reaches_only_what_is_published(nets):
     said = node.run(f"python3 -c {shlex.quote(ASK)} {own['db']} 6379", timeout=60)
     assert said.stdout.strip() == "+PONG", said.stdout + said.stderr
     said = node.run(f"python3 -c {shlex.quote(ASK)} {own['api']} 8000", timeout=60)
+    assert said.stdout.strip() == "I am api", said.stdout + said.stderr
+    # UDP: another user's datagram never reaches api; the project's user's, from a node shell and
+    # from a service on its network, are answered
+    outsider = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                               "-c", DATAGRAM, own["api"], "8000"], capture_output=True, text=True, timeout=60, cwd="/")
+    assert outsider.stdout.strip() == "no answer", outsider.stdout + outsider.stderr
+    said = node.run(f"python3 -c {shlex.quote(DATAGRAM)} {own['api']} 8000", timeout=60)
+    assert said.stdout.strip() == "I am api", said.stdout + said.stderr
+    said = node.run(f"cd ~ && {OUT}/run.sh exec front python3 -c {shlex.quote(DATAGRAM)} api 8000", timeout=120)
     assert said.stdout.strip() == "I am api", said.stdout + said.stderr
 
 

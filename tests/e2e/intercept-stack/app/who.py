@@ -1,7 +1,10 @@
 """A server that answers its own name (argv[1]) on every address of port argv[2] (8000 without it),
-as an image's default server does: it binds 0.0.0.0 and is told nothing."""
+as an image's default server does: it binds 0.0.0.0 and is told nothing. With argv[3] `udp` it
+also answers each datagram to that port with its name, to the sender (recvfrom, as UDP servers do)."""
 import http.server
+import socket
 import sys
+import threading
 
 NAME = sys.argv[1]
 PORT = int(sys.argv[2]) if len(sys.argv) > 2 else 8000
@@ -19,4 +22,14 @@ class Who(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def answer_datagrams():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("0.0.0.0", PORT))
+    while True:
+        _, sender = s.recvfrom(512)
+        s.sendto(f"I am {NAME}".encode(), sender)
+
+
+if sys.argv[3:] == ["udp"]:
+    threading.Thread(target=answer_datagrams, daemon=True).start()
 http.server.ThreadingHTTPServer(("0.0.0.0", PORT), Who).serve_forever()
