@@ -655,6 +655,19 @@ def test_unprivileged_user(tracer, tmp_path):
     assert "Permission denied" in plain.stderr
 
 
+def as_user(uid: int):
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+
+
+@pytest.fixture
+def shared_tracer(tracer):
+    """The tracer copied where every user may run it (the other users of these tests)."""
+    shared = Path(tempfile.mkdtemp())
+    shared.chmod(0o755)
+    yield Path(shutil.copy(tracer, shared))
+    shutil.rmtree(shared)
+
+
 SERVE_EACH = textwrap.dedent("""
     import socket, sys
     family = socket.AF_INET6 if sys.argv[2] == "6" else socket.AF_INET
@@ -669,15 +682,12 @@ ASK = ("import socket, sys; s = socket.create_connection((sys.argv[1], int(sys.a
 
 
 @pytest.mark.parametrize("family", ["4", "6"])
-def test_private_closes_what_another_user_connects_before_the_program_reads(tracer, family):
+def test_private_closes_what_another_user_connects_before_the_program_reads(shared_tracer, family):
     """--private: the service (run by uid 65534 here) gets the connections of its own user and
     root's; one of another user (65533) is closed before the program sees it, and the program
     keeps accepting. Its IPv6 socket (bound to [::], so v4-mapped) compares as its IPv4 peer does."""
-    as_user = lambda uid: ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
     python = "/usr/bin/python3"
-    shared = Path(tempfile.mkdtemp())
-    shared.chmod(0o755)
-    copy = Path(shutil.copy(tracer, shared))
+    copy = shared_tracer
     addr = "127.0.9.21"
     port = free_port(addr)
     results = {}
@@ -694,7 +704,6 @@ def test_private_closes_what_another_user_connects_before_the_program_reads(trac
         finally:
             server.kill()
             server.wait()
-    shutil.rmtree(shared)
     assert results[True] == ["served", "closed", "served", "closed", "served"]
     assert results[False] == ["served"] * 5
 
@@ -758,16 +767,13 @@ SEND_DATAGRAM = textwrap.dedent("""
 
 @pytest.mark.parametrize("how", ["recvfrom", "recvmsg", "recvmmsg", "peek"])
 @pytest.mark.parametrize("family", ["4", "6"])
-def test_private_drops_datagrams_another_user_sends(tracer, family, how):
+def test_private_drops_datagrams_another_user_sends(shared_tracer, family, how):
     """--private, UDP: a datagram from a socket of another user (65533) never reaches the service
     (run by 65534), sent to it unconnected or from a connected socket; its own user's and root's
     do, before and after, by each way of receiving that names the sender (a peeked one is taken
     off the socket, not peeked at for ever). Without --private all five are answered."""
-    as_user = lambda uid: ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
     python = "/usr/bin/python3"
-    shared = Path(tempfile.mkdtemp())
-    shared.chmod(0o755)
-    copy = Path(shutil.copy(tracer, shared))
+    copy = shared_tracer
     addr = "127.0.9.22"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind((addr, 0))
@@ -787,20 +793,16 @@ def test_private_drops_datagrams_another_user_sends(tracer, family, how):
         finally:
             server.kill()
             seen[private] = [line for line in server.communicate()[0].splitlines() if line.startswith("got")]
-    shutil.rmtree(shared)
     assert results[True] == ["served from-65534", "no answer", "served from-0", "no answer", "served from-65534"]
     assert seen[True] == ["got from-65534", "got from-0", "got from-65534"]  # the program never saw 65533's
     assert results[False] == [f"served from-{uid}" for uid, _ in senders]
 
 
-def test_the_projects_dns_server_answers_no_other_user(tracer, tmp_path):
+def test_the_projects_dns_server_answers_no_other_user(shared_tracer):
     """The project's DNS server (--serve-dns) answers its user and root, over UDP and TCP; a query
     of another user gets nothing (the project's names are the project's, as under Docker)."""
-    as_user = lambda uid: ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
-    shared = Path(tempfile.mkdtemp())
-    shared.chmod(0o755)
-    copy = Path(shutil.copy(tracer, shared))
-    hosts = shared / "hosts.names"
+    copy = shared_tracer
+    hosts = copy.parent / "hosts.names"
     hosts.write_text("127.0.9.20 db\n")
     hosts.chmod(0o644)
     port = free_port("127.0.9.1")
@@ -837,7 +839,6 @@ def test_the_projects_dns_server_answers_no_other_user(tracer, tmp_path):
     finally:
         server.kill()
         server.wait()
-        shutil.rmtree(shared)
     assert got == ["127.0.9.20", "127.0.9.20", "no answer", "closed", "127.0.9.20", "127.0.9.20"]
 
 
