@@ -637,19 +637,16 @@ def test_stop_order_of_old_kernels(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to become nobody")
-def test_unprivileged_user(tracer, tmp_path):
+def test_unprivileged_user(shared_tracer):
     """As nobody: --check passes, and a bind to port 80 (refused to nobody) lands on the block."""
-    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    nobody = as_user(65534)
     python = "/usr/bin/python3"  # not a python under root's home
-    shared = Path(tempfile.mkdtemp())
-    shared.chmod(0o755)
-    tracer = Path(shutil.copy(tracer, shared))
+    tracer = shared_tracer
     assert subprocess.run([*nobody, str(tracer), "--check"], capture_output=True).returncode == 0
     block = free_port("127.0.9.12")
     program = "import socket; s = socket.socket(); s.bind(('0.0.0.0', 80)); print(*s.getsockname())"
     proc = subprocess.run([*nobody, str(tracer), "--addr", "127.0.9.12", "--block", f"{block}-{block}", "--",
                            python, "-c", program], capture_output=True, text=True, cwd="/")
-    shutil.rmtree(shared)
     assert proc.stdout.split() == ["127.0.9.12", str(block)], proc.stderr
     plain = subprocess.run([*nobody, python, "-c", program], capture_output=True, text=True, cwd="/")
     assert "Permission denied" in plain.stderr
