@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 from compose2sif.errors import ComposeError
 from compose2sif.load import Project
@@ -43,6 +43,9 @@ class Dependency:
     required: bool = True
 
 
+HEALTHCHECK_FIELDS = ("test", "interval", "timeout", "retries", "start_period", "start_interval")
+
+
 @dataclass(frozen=True)
 class Healthcheck:
     test: Tuple[str, ...]            # ("CMD", ...), ("CMD-SHELL", "..."), or ("NONE",)
@@ -51,10 +54,21 @@ class Healthcheck:
     retries: int = 3
     start_period: float = 0.0
     start_interval: float = 5.0
+    # the fields the compose file (or the image) set; the others are Docker's defaults, which an
+    # image's HEALTHCHECK fills in first, as Docker merges them (see inherit)
+    given: FrozenSet[str] = field(default=frozenset(), compare=False)
 
     @property
     def disabled(self) -> bool:
         return not self.test or self.test[0] == "NONE"
+
+    def inherit(self, image: Optional["Healthcheck"]) -> "Healthcheck":
+        """This healthcheck with what it does not set taken from the image's HEALTHCHECK, field by
+        field, as Docker merges a container's healthcheck with its image's."""
+        if image is None or self.test[:1] == ("NONE",):
+            return self
+        taken = {f: getattr(image, f) for f in HEALTHCHECK_FIELDS if f not in self.given and f in image.given}
+        return replace(self, **taken, given=self.given | frozenset(taken)) if taken else self
 
 
 @dataclass(frozen=True)
@@ -117,19 +131,24 @@ def _seconds(value: Optional[str], default: float) -> float:
     return default if value is None else parse_duration(value) / 1e9
 
 
+def healthcheck_of(test: List[str], seconds: Dict[str, float], retries: int) -> Healthcheck:
+    """A healthcheck from its fields (compose's, a registry config's or a Dockerfile's): TEST as
+    Docker stores it, SECONDS by field name; zero or empty means unset, as in Docker."""
+    values = {"test": tuple(test), "retries": retries, **seconds}
+    given = frozenset(f for f, v in values.items() if v)
+    defaults = Healthcheck(test=())
+    return Healthcheck(**{f: values[f] if f in given else getattr(defaults, f) for f in HEALTHCHECK_FIELDS},
+                       given=given)
+
+
 def _healthcheck(config: Optional[Dict[str, Any]]) -> Optional[Healthcheck]:
     if config is None:
         return None
     if config.get("disable"):
-        return Healthcheck(test=("NONE",))
-    return Healthcheck(
-        test=tuple(config.get("test") or ()),
-        interval=_seconds(config.get("interval"), 30.0),
-        timeout=_seconds(config.get("timeout"), 30.0),
-        retries=int(config.get("retries", 3)),
-        start_period=_seconds(config.get("start_period"), 0.0),
-        start_interval=_seconds(config.get("start_interval"), 5.0),
-    )
+        return Healthcheck(test=("NONE",), given=frozenset({"test"}))
+    # Docker counts a zero (or empty) field as unset: the image's, else its default, applies
+    seconds = {f: _seconds(config.get(f), 0.0) for f in ("interval", "timeout", "start_period", "start_interval")}
+    return healthcheck_of(list(config.get("test") or ()), seconds, int(config.get("retries") or 0))
 
 
 def _gpu(request: Dict[str, Any]) -> GpuRequest:

@@ -1,4 +1,4 @@
-"""Read an image's configuration (WORKDIR, EXPOSE, ENTRYPOINT, CMD, USER) from its registry.
+"""Read an image's configuration (WORKDIR, EXPOSE, ENTRYPOINT, CMD, USER, HEALTHCHECK) from its registry.
 
 Apptainer ignores an image's WORKDIR and does not say which ports it exposes, but the service may
 depend on both. ``convert`` asks the registry (Docker Registry HTTP API v2, anonymous token auth as
@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import requests
+
+from compose2sif.model import Healthcheck, healthcheck_of
 
 MANIFEST_TYPES = ", ".join([
     "application/vnd.oci.image.index.v1+json",
@@ -32,6 +34,21 @@ class ImageConfig:
     env: Dict[str, str] = field(default_factory=dict)
     volumes: List[str] = field(default_factory=list)
     stop_signal: Optional[str] = None
+    healthcheck: Optional[Healthcheck] = None  # its HEALTHCHECK: the test where compose gives none
+
+
+def config_healthcheck(config: Dict) -> Optional[Healthcheck]:
+    """The HEALTHCHECK of an image config (Docker's and OCI configs both carry it as `Healthcheck`:
+    Test as Docker stores it, durations in nanoseconds)."""
+    health = config.get("Healthcheck")
+    if not isinstance(health, dict) or not isinstance(health.get("Test"), list) or not health["Test"]:
+        return None
+    test = [str(a) for a in health["Test"]]
+    seconds = {field_name: (health.get(key) or 0) / 1e9 for field_name, key in
+               (("interval", "Interval"), ("timeout", "Timeout"), ("start_period", "StartPeriod"),
+                ("start_interval", "StartInterval")) if isinstance(health.get(key) or 0, (int, float))}
+    retries = health.get("Retries") if isinstance(health.get("Retries"), int) else 0
+    return healthcheck_of(test, seconds, retries)
 
 
 def split_reference(ref: str) -> Tuple[str, str, str]:
@@ -99,4 +116,4 @@ def fetch_config(ref: str, timeout: float = 5.0, insecure: bool = False) -> Imag
                        entrypoint=config.get("Entrypoint"), cmd=config.get("Cmd"),
                        user=config.get("User") or None, env=env,
                        volumes=sorted(v for v in (config.get("Volumes") or {}) if v.startswith("/")),
-                       stop_signal=config.get("StopSignal") or None)
+                       stop_signal=config.get("StopSignal") or None, healthcheck=config_healthcheck(config))

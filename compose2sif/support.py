@@ -77,7 +77,8 @@ SERVICE_KEYS: Dict[str, KeySupport] = {
     "extra_hosts": _h("added to the generated hosts file bound as /etc/hosts"),
     "gpus": _e("--nv with CUDA_VISIBLE_DEVICES set to the assigned GPUs"),
     "group_add": _u("an unprivileged instance cannot add groups; ignored"),
-    "healthcheck": _h("run with `exec instance://...` on the Compose schedule; gates depends_on"),
+    "healthcheck": _h("run with `exec instance://...` on the Compose schedule; gates depends_on; what it leaves "
+                      "unset (or all of it) comes from the image's HEALTHCHECK (registry config or Dockerfile)"),
     "hostname": _h("added to the hosts file; the host's UTS namespace is kept"),
     "image": _h("built into a SIF with `Bootstrap: docker`"),
     "init": _u("Apptainer instances already run a small init (shim) process; ignored"),

@@ -16,7 +16,7 @@ from compose2sif import adapters as image_adapters
 from compose2sif.adapters import Adapter, Draft
 from compose2sif.errors import ComposeError
 from compose2sif.load import Project
-from compose2sif.model import Service, scaled_to_zero, services as typed_services
+from compose2sif.model import HEALTHCHECK_FIELDS, Healthcheck, Service, scaled_to_zero, services as typed_services
 from compose2sif.plan import knobs, secrets
 from compose2sif.plan.binds import STATE, rewrite_bound_files, service_binds, texts_of
 from compose2sif.plan.generated import Replacer
@@ -64,6 +64,7 @@ class Discovery:
     launches: Dict[str, Optional[List[str]]]
     nets: Dict[str, ServiceNet]
     warnings: List[str]
+    healthcheck_from: Dict[str, str] = field(default_factory=dict)  # service -> where its healthcheck comes from
 
 
 # what the plan-time knobs cannot do, said by convert's fallback line (and by `up` and doctor there)
@@ -158,6 +159,12 @@ def discover(project: Project, options: PlanOptions) -> Discovery:
     image_of = {name: key for key, source in images.items() for name in source.services}
     for source in images.values():
         warnings.extend(source.warnings)
+    healthcheck_from: Dict[str, str] = {}
+    for name, service in services.items():
+        health, healthcheck_from[name] = _healthcheck(service, images[image_of[name]],
+                                                      options.image_configs.get(service.image or ""))
+        if health is not service.healthcheck:
+            services[name] = replace(service, healthcheck=health)
     presets = options.presets if options.presets is not None else \
         image_adapters.presets_for(s.image for s in services.values())
     adapters = {name: image_adapters.adapter_for(s.image, presets, s) for name, s in services.items()}
@@ -175,7 +182,8 @@ def discover(project: Project, options: PlanOptions) -> Discovery:
         exposed = list(images[image_of[name]].exposed) + (list(config.exposed) if config else [])
         nets[name] = knobs.service_net(service, adapters[name], runs[name], exposed, found[name], names[name])
     model_servers = {name: a.family for name, a in adapters.items() if a is not None and a.model_server}
-    return Discovery(services, images, image_of, presets, adapters, model_servers, names, launches, nets, warnings)
+    return Discovery(services, images, image_of, presets, adapters, model_servers, names, launches, nets, warnings,
+                     healthcheck_from)
 
 
 def _launch(service: Service) -> Optional[List[str]]:
@@ -403,7 +411,8 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
             healthcheck = {"test": test, "interval": service.healthcheck.interval,
                            "timeout": service.healthcheck.timeout, "retries": service.healthcheck.retries,
                            "start_period": service.healthcheck.start_period,
-                           "start_interval": service.healthcheck.start_interval}
+                           "start_interval": service.healthcheck.start_interval,
+                           "from": found.healthcheck_from[name]}
         source = found.images[found.image_of[name]]
         image_config = options.image_configs.get(service.image or "")
         workdir = (service.working_dir or source.workdir or (image_config.workdir if image_config else None)
@@ -568,6 +577,23 @@ def _probe_password(name: str, test: List[str], warnings: List[str]) -> Tuple[Li
                             "of the node sees in the process list at each probe; write it in the CMD form (compose2sif "
                             f"then moves the password to the environment) or set {client.variable}")
     return test, {}
+
+
+def _healthcheck(service: Service, source: ImageSource, image_config) -> Tuple[Optional[Healthcheck], str]:
+    """The service's healthcheck and where it comes from. As Docker merges them: the compose file's
+    fields, and what it leaves unset (its test, too, where it gives only timings) from the image's
+    HEALTHCHECK (its registry config, or the Dockerfile of a build); no compose healthcheck at all:
+    the image's. `disable: true` or a test of NONE: none."""
+    image = source.healthcheck if source.kind == "build" else (image_config.healthcheck if image_config else None)
+    where = "Dockerfile HEALTHCHECK" if source.kind == "build" else f"image config of {service.image}"
+    own = service.healthcheck
+    if own is None:
+        return image, (where if image is not None else "")
+    merged = own.inherit(image)
+    if merged is own:
+        return own, "compose file"
+    taken = sorted(merged.given - own.given, key=HEALTHCHECK_FIELDS.index)
+    return merged, f"compose file; {', '.join(taken)} from the {where}"
 
 
 def _stop_signal(service: Service, source: ImageSource, image_config) -> Tuple[str, str]:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from compose2sif.errors import ComposeError
+from compose2sif.model import Healthcheck, healthcheck_of
+from compose2sif.units import parse_duration
 
 STAGING = "/.c2s-build"
 IMAGE_STAGE = "c2s-image-"  # a stage made for COPY --from=IMAGE
@@ -99,6 +101,7 @@ class Stage:
     exposed: List[int] = field(default_factory=list)
     volumes: List[str] = field(default_factory=list)
     stop_signal: Optional[str] = None
+    healthcheck: Optional[Healthcheck] = None
 
 
 @dataclass
@@ -111,6 +114,7 @@ class ConvertedDockerfile:
     volumes: List[str] = field(default_factory=list)
     cmd: Optional[List[str]] = None   # the final stage's CMD in exec form (the runscript's default arguments)
     stop_signal: Optional[str] = None  # the final stage's STOPSIGNAL (`down` sends it where compose sets none)
+    healthcheck: Optional[Healthcheck] = None  # the final stage's HEALTHCHECK (used where compose sets no test)
 
 
 @dataclass
@@ -340,12 +344,40 @@ class _Converter:
                     stage.volumes.append(os.path.normpath(path))
         elif op == "STOPSIGNAL":
             stage.stop_signal = expand(args.strip(), self.variables()) or None
-        elif op in ("HEALTHCHECK", "MAINTAINER"):
-            pass  # compose's healthcheck applies instead
+        elif op == "HEALTHCHECK":
+            stage.healthcheck = self.healthcheck(args)
+        elif op == "MAINTAINER":
+            pass
         elif op == "ONBUILD":
             self.warn("ONBUILD is not supported and was ignored")
         else:
             raise self.fail(f"unknown Dockerfile instruction {op[:40] if op.isprintable() else repr(op[:40])}")
+
+    def healthcheck(self, args: str) -> Healthcheck:
+        """HEALTHCHECK [--interval=D --timeout=D --start-period=D --start-interval=D --retries=N] CMD
+        command, or HEALTHCHECK NONE (Docker expands no variables in it)."""
+        rest, seconds, retries = args.strip(), {}, 0
+        while rest.startswith("--"):
+            option, _, rest = rest.partition(" ")
+            rest = rest.lstrip()
+            key, _, value = option[2:].partition("=")
+            try:
+                if key == "retries":
+                    retries = int(value)
+                elif key in ("interval", "timeout", "start-period", "start-interval"):
+                    seconds[key.replace("-", "_")] = parse_duration(value) / 1e9
+                else:
+                    raise ValueError(key)
+            except (ValueError, ComposeError):
+                raise self.fail(f"HEALTHCHECK option {option[:60]!r} is not one Docker knows, or its value is "
+                                "not valid") from None
+        word, _, command = rest.partition(" ")
+        if word.upper() == "NONE" and not command.strip():
+            return healthcheck_of(["NONE"], {}, 0)
+        if word.upper() != "CMD" or not command.strip():
+            raise self.fail("HEALTHCHECK needs CMD and a command, or NONE")
+        argv = _exec_form(command)
+        return healthcheck_of(["CMD", *argv] if argv is not None else ["CMD-SHELL", command.strip()], seconds, retries)
 
     def arg(self, args: str) -> None:
         if not args.strip():
@@ -394,7 +426,7 @@ class _Converter:
             stage.workdir, stage.shell = parent.workdir, list(parent.shell)
             stage.entrypoint, stage.cmd = parent.entrypoint, parent.cmd
             stage.entrypoint_shell, stage.cmd_shell = parent.entrypoint_shell, parent.cmd_shell
-            stage.stop_signal = parent.stop_signal
+            stage.stop_signal, stage.healthcheck = parent.stop_signal, parent.healthcheck
         else:
             header_value(base, f"{self.where}: line {self.line}: FROM image")
         self.stages.append(stage)
@@ -501,7 +533,7 @@ def convert(dockerfile: str, context: str, build_args: Dict[str, Optional[str]],
     return ConvertedDockerfile(definition=_render(needed, final), workdir=final.workdir,
                                exposed=final.exposed, user=final.user, warnings=converter.warnings,
                                volumes=final.volumes, cmd=None if final.cmd_shell else final.cmd,
-                               stop_signal=final.stop_signal)
+                               stop_signal=final.stop_signal, healthcheck=final.healthcheck)
 
 
 def _needed_stages(stages: List[Stage], final: Stage) -> List[Stage]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from compose2sif.errors import ComposeError
-from compose2sif.model import Service
+from compose2sif.model import Healthcheck, Service
 from compose2sif.plan import dockerfile
 from compose2sif.plan.dockerfile import comment_text, header_value
 from compose2sif.plan.knobs import hints
@@ -47,6 +47,7 @@ class ImageSource:
     volumes: List[str] = field(default_factory=list)  # the Dockerfile's VOLUMEs
     cmd: Optional[List[str]] = None  # the Dockerfile's CMD in exec form
     stop_signal: Optional[str] = None  # the Dockerfile's STOPSIGNAL
+    healthcheck: Optional[Healthcheck] = None  # the Dockerfile's HEALTHCHECK
     warnings: List[str] = field(default_factory=list)
     steps: List[Tuple[str, int]] = field(default_factory=list)  # (service, index) of the pre_start steps it runs
 
@@ -317,5 +318,6 @@ def _build(service: Service, working_dir: str, mirrors: Mirrors, local_image):
                             "Apptainer runs the service as you")
         return ImageSource(key, "build", context, definition, workdir=converted.workdir,
                            exposed=converted.exposed, volumes=converted.volumes, warnings=warnings,
-                           cmd=converted.cmd, stop_signal=converted.stop_signal)
+                           cmd=converted.cmd, stop_signal=converted.stop_signal,
+                           healthcheck=converted.healthcheck)
     return identity, make
