@@ -224,7 +224,7 @@ for recipe in "$here"/images/*.image; do
     name=$(basename "$recipe" .image)
     done_marker="$dir/oci/.$name.$(image_key "$name").done"
     [ -f "$done_marker" ] && [ -s "$dir/oci/$name.packages" ] && continue
-    PACKAGES="" ENTRYPOINT=() CMD=() ENV=() WORKDIR="" FILES=() POST="" PIP="" NODE="" NPM_DIR="" NPM_GLOBAL="" NAMES=() EXPOSE=() VOLUMES=() USER=""
+    PACKAGES="" ENTRYPOINT=() CMD=() ENV=() WORKDIR="" FILES=() POST="" PIP="" NODE="" NPM_DIR="" NPM_GLOBAL="" NAMES=() EXPOSE=() VOLUMES=() USER="" HEALTHCHECK=""
     # shellcheck disable=SC1090
     . "$recipe"
     log "image $name: $PACKAGES"
@@ -280,7 +280,21 @@ for recipe in "$here"/images/*.image; do
                 >>"$dir/$name.npm.log" 2>&1 || { tail -20 "$dir/$name.npm.log" >&2; exit 1; }
         fi
     fi
-    [ -z "$POST" ] || chroot "$rootfs" sh -c "$POST"
+    if [ -n "$POST" ]; then  # with the host's CA bundle: a POST may install from PyPI itself (packages that
+        # build from source, which the host's `pip download` above cannot fetch for it), through the same
+        # TLS-inspecting proxy as the host; the host's pip settings stay out
+        ca=/tmp/c2s-host-ca.crt
+        cp "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" "$rootfs$ca"
+        cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
+        mount -t proc proc "$rootfs/proc"
+        trap 'umount "$rootfs/proc" 2>/dev/null; stop_registry' EXIT
+        chroot "$rootfs" env -u PIP_FIND_LINKS -u PIP_CONFIG_FILE PIP_CERT=$ca SSL_CERT_FILE=$ca REQUESTS_CA_BUNDLE=$ca \
+            CURL_CA_BUNDLE=$ca sh -c "$POST" >"$dir/$name.post.log" 2>&1 ||
+            { tail -30 "$dir/$name.post.log" >&2; exit 1; }
+        umount "$rootfs/proc"
+        trap stop_registry EXIT
+        rm -f "$rootfs$ca"
+    fi
     layout="$dir/oci"
     [ -d "$layout" ] || umoci init --layout "$layout"
     # what it was built from: Debian moves under the tests (sid), so each image's package versions are kept
@@ -301,6 +315,9 @@ for recipe in "$here"/images/*.image; do
     for a in "${VOLUMES[@]}"; do args+=(--config.volume "$a"); done
     [ -n "$USER" ] && args+=(--config.user "$USER")
     umoci config --image "$layout:$name" --tag "$name" "${args[@]}" >/dev/null
+    # umoci sets no HEALTHCHECK: the recipe's (JSON, as Docker stores it in the config) goes into
+    # the image's config blob, which the registry then serves as it is
+    [ -z "$HEALTHCHECK" ] || python3 "$here/oci_healthcheck.py" "$layout" "$name" "$HEALTHCHECK"
     rm -rf "$dir/bundle" "$rootfs"
     touch "$done_marker"
 done

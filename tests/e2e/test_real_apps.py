@@ -11,6 +11,14 @@ it differs from upstream's):
   run as upstream's CMD runs it (bootstrap, then pm2-runtime); its admin app's files are @directus/app
   18.0.0, since 18.0.1 is not in the npm registry this machine reaches. postgis/postgis:13-master is
   the postgres look-alike with Debian's PostGIS and the PostGIS initdb script; redis:6 is redis's.
+- weblate: weblate/weblate is PyPI's Weblate 2026.8.1 (with the image's extras) and supervisor 4.3.0,
+  built as upstream builds them, with a start script, health check, supervisor programs and nginx
+  site written after upstream's; valkey/valkey:9.1.1 is Debian's valkey-server; postgres:18-alpine
+  is the postgres look-alike with 18's PGDATA layout (sid's PostgreSQL, glibc).
+- airflow: apache/airflow:3.1.0 is PyPI's apache-airflow 3.1.0 (celery, postgres, redis, statsd,
+  and the FAB provider) on Debian sid's Python 3.13, resolved as of its release day, with an
+  entrypoint written after upstream's; postgres:16 and redis:7.2-bookworm are the official images'
+  look-alikes.
 Each test module's figures (time from `up -d` to every service healthy, SIF sizes) are printed on
 the terminal and kept in docs/measurements/real-apps.md by hand."""
 import json
@@ -18,6 +26,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -64,13 +73,19 @@ def figures(node, out: str, name: str, took: float, build: float) -> None:
           f"SIFs: {sizes}")
 
 
-def run_project(node, name: str, compose: str, out: str):
-    """The project converted from its own COMPOSE file, built (`build --pull`: the test bed's images
-    are rebuilt when their recipes change, and keep their tags) and up; yields (node, up's result)
-    with the figures printed, and ends with `down -v`."""
+def run_project(node, name: str, compose: Optional[str], out: str):
+    """The project converted from its own COMPOSE file (None: from its directory, as `docker compose
+    up` run there reads it, with its override file), built (`build --pull`: the test bed's images
+    are rebuilt when their recipes change, and keep their tags) and up (which waits for every
+    healthcheck, the images' own included); yields (node, up's result) with the figures printed,
+    and ends with `down -v`."""
     copy_project(node, name)
     node.run(f"cd ~ && rm -rf {out}")
-    node.c2s(f"-f rw-{name}/{compose} convert --registry-mirror {node.registry} -o {out}", check=True)
+    if compose is None:
+        node.run(f"cd ~/rw-{name} && python3 -m compose2sif convert --registry-mirror {node.registry} -o ~/{out}",
+                 check=True)
+    else:
+        node.c2s(f"-f rw-{name}/{compose} convert --registry-mirror {node.registry} -o {out}", check=True)
     took = time.monotonic()
     built = node.run(f"cd ~ && {out}/run.sh build --pull", timeout=1800)
     assert built.returncode == 0, built.stdout + built.stderr
@@ -172,3 +187,101 @@ def test_directus_data_is_kept_in_the_bind_mounted_database_across_down_and_up(d
     assert wait_for(lambda: node.run(f"curl -fsS {DIRECTUS}/server/ping", timeout=30).stdout == "pong", 180)
     kept = api(node, "GET", f"{DIRECTUS}/folders/{folder['data']['id']}", token=directus_token(node))
     assert kept and kept["data"]["name"] == "c2s-kept-folder", kept
+
+
+WEBLATE_OUT = "out-rw-weblate"
+WEBLATE = "http://127.0.0.1:80"  # the override's `80:8080`, as the README writes it
+
+
+@pytest.fixture(scope="module")
+def weblate(node):
+    """The README's way: `docker compose up` in the clone, which reads docker-compose.yml and the
+    override (port 80, the admin's password). No healthcheck is in the compose files: `up` waits
+    for the image's own HEALTHCHECK (/app/bin/health_check, start period 5 min)."""
+    yield from run_project(node, "weblate", None, WEBLATE_OUT)
+
+
+def weblate_shell(node, code: str) -> str:
+    proc = node.run(f"cd ~ && {WEBLATE_OUT}/run.sh exec weblate weblate shell -c {json.dumps(code)}", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_weblate_answers_healthz_through_the_published_port_once_its_image_healthcheck_passes(weblate):
+    node, proc = weblate
+    assert "failed" not in proc.stderr, proc.stderr
+    ps = json.loads(node.run(f"cd ~ && {WEBLATE_OUT}/run.sh ps --format json", timeout=120).stdout)
+    assert {s["service"]: s["health"] for s in ps}.get("weblate") == "healthy", ps
+    health = node.run(f"curl -fsS -o /dev/null -w '%{{http_code}}' {WEBLATE}/healthz/", timeout=60)
+    assert health.stdout == "200", health.stdout + health.stderr
+
+
+def test_weblate_api_lists_the_languages_its_migrations_created(weblate):
+    """Weblate's migrations create its languages (`setuplang` on post_migrate). The API lists all
+    of them to a user who may edit languages (the admin, by its API token); to anonymous users only
+    those that have a translation, none in a new instance."""
+    node, _ = weblate
+    created = int(weblate_shell(node, "from weblate.lang.models import Language; print(Language.objects.count())"))
+    assert created > 100, created
+    token = weblate_shell(node, "from weblate.auth.models import User; from rest_framework.authtoken.models import "
+                                "Token; print(Token.objects.get_or_create(user=User.objects.get(username='admin'))[0].key)")
+    listed = node.run(f"curl -fsS -H 'Authorization: Token {token}' '{WEBLATE}/api/languages/?page_size=1'", timeout=60)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    body = json.loads(listed.stdout)
+    assert body["count"] == created, body
+    admin = node.run(f"curl -fsS -H 'Authorization: Token {token}' {WEBLATE}/api/users/admin/", timeout=60)
+    assert json.loads(admin.stdout)["username"] == "admin", admin.stdout + admin.stderr
+
+
+AIRFLOW_OUT = "out-rw-airflow"
+AIRFLOW = "http://127.0.0.1:8080"
+AIRFLOW_ADMIN = {"username": "airflow", "password": "airflow"}  # the compose file's _AIRFLOW_WWW_USER_* defaults
+
+
+@pytest.fixture(scope="module")
+def airflow(node):
+    """The docs' quick start as it is, `up` after `airflow-init` (which `up` runs first: the
+    others depend on its completing)."""
+    yield from run_project(node, "airflow", "docker-compose.yaml", AIRFLOW_OUT)
+
+
+def airflow_token(node) -> str:
+    login = api(node, "POST", f"{AIRFLOW}/auth/token", AIRFLOW_ADMIN)
+    assert login and login.get("access_token"), login
+    return login["access_token"]
+
+
+def test_airflow_init_completes_and_the_api_server_reports_every_component_healthy(airflow):
+    node, proc = airflow
+    assert "failed" not in proc.stderr, proc.stderr
+    ps = {s["service"]: s for s in json.loads(node.run(f"cd ~ && {AIRFLOW_OUT}/run.sh ps --format json",
+                                                       timeout=120).stdout)}
+    assert ps["airflow-init"]["exit_code"] == 0, ps["airflow-init"]
+    components = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+
+    def all_healthy():
+        health = api(node, "GET", f"{AIRFLOW}/api/v2/monitor/health") or {}
+        return health if all((health.get(c) or {}).get("status") == "healthy" for c in components) else None
+    health = wait_for(all_healthy, 240)
+    assert health, api(node, "GET", f"{AIRFLOW}/api/v2/monitor/health")
+
+
+def test_airflow_dag_run_triggered_through_the_rest_api_succeeds_on_the_celery_worker(airflow):
+    node, _ = airflow
+    token = airflow_token(node)
+    dag = "example_bash_operator"  # AIRFLOW__CORE__LOAD_EXAMPLES: 'true' in the compose file
+    assert wait_for(lambda: api(node, "GET", f"{AIRFLOW}/api/v2/dags/{dag}", token=token), 300), \
+        api(node, "GET", f"{AIRFLOW}/api/v2/dags?limit=100", token=token)
+    assert api(node, "PATCH", f"{AIRFLOW}/api/v2/dags/{dag}", {"is_paused": False}, token=token)["is_paused"] is False
+    run = api(node, "POST", f"{AIRFLOW}/api/v2/dags/{dag}/dagRuns", {"logical_date": None}, token=token)
+    assert run and run["dag_run_id"], run
+    url = f"{AIRFLOW}/api/v2/dags/{dag}/dagRuns/{run['dag_run_id']}"
+    ended = wait_for(lambda: (api(node, "GET", url, token=token) or {}).get("state") in ("success", "failed"), 900, 10)
+    state = api(node, "GET", url, token=token)
+    instances = api(node, "GET", f"{url}/taskInstances", token=token)["task_instances"]
+    assert ended and state["state"] == "success", (state, instances)
+    assert [t for t in instances if t["state"] == "success"], instances
+    # the celery worker ran them: its log names the run (all services share the node's host name, so
+    # the task instances' `hostname` cannot tell)
+    worker_log = node.run(f"cd ~ && {AIRFLOW_OUT}/run.sh logs airflow-worker", timeout=120)
+    assert run["dag_run_id"] in worker_log.stdout + worker_log.stderr, worker_log.stdout[-3000:]
