@@ -190,7 +190,15 @@ def test_directus_data_is_kept_in_the_bind_mounted_database_across_down_and_up(d
 
 
 WEBLATE_OUT = "out-rw-weblate"
-WEBLATE = "http://127.0.0.1:80"  # the override's `80:8080`, as the README writes it
+
+
+def weblate_url(node) -> str:
+    """Where the override's `80:8080` is served: port 80 where the node lets its users bind it,
+    else the forwarder's port that convert chose and said (`port`, as `docker compose port`)."""
+    at = node.run(f"cd ~ && {WEBLATE_OUT}/run.sh port weblate 8080", timeout=60)
+    assert at.returncode == 0, at.stdout + at.stderr
+    address, port = at.stdout.strip().rsplit(":", 1)
+    return f"http://{'127.0.0.1' if address in ('0.0.0.0', '[::]', '::') else address}:{port}"
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +220,7 @@ def test_weblate_answers_healthz_through_the_published_port_once_its_image_healt
     assert "failed" not in proc.stderr, proc.stderr
     ps = json.loads(node.run(f"cd ~ && {WEBLATE_OUT}/run.sh ps --format json", timeout=120).stdout)
     assert {s["service"]: s["health"] for s in ps}.get("weblate") == "healthy", ps
-    health = node.run(f"curl -fsS -o /dev/null -w '%{{http_code}}' {WEBLATE}/healthz/", timeout=60)
+    health = node.run(f"curl -fsS -o /dev/null -w '%{{http_code}}' {weblate_url(node)}/healthz/", timeout=60)
     assert health.stdout == "200", health.stdout + health.stderr
 
 
@@ -225,11 +233,12 @@ def test_weblate_api_lists_the_languages_its_migrations_created(weblate):
     assert created > 100, created
     token = weblate_shell(node, "from weblate.auth.models import User; from rest_framework.authtoken.models import "
                                 "Token; print(Token.objects.get_or_create(user=User.objects.get(username='admin'))[0].key)")
-    listed = node.run(f"curl -fsS -H 'Authorization: Token {token}' '{WEBLATE}/api/languages/?page_size=1'", timeout=60)
+    url = weblate_url(node)
+    listed = node.run(f"curl -fsS -H 'Authorization: Token {token}' '{url}/api/languages/?page_size=1'", timeout=60)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     body = json.loads(listed.stdout)
     assert body["count"] == created, body
-    admin = node.run(f"curl -fsS -H 'Authorization: Token {token}' {WEBLATE}/api/users/admin/", timeout=60)
+    admin = node.run(f"curl -fsS -H 'Authorization: Token {token}' {url}/api/users/admin/", timeout=60)
     assert json.loads(admin.stdout)["username"] == "admin", admin.stdout + admin.stderr
 
 
