@@ -79,7 +79,9 @@ SERVICE_KEYS: Dict[str, KeySupport] = {
     "group_add": _u("an unprivileged instance cannot add groups; ignored"),
     "healthcheck": _h("run with `exec instance://...` on the Compose schedule; gates depends_on; what it leaves "
                       "unset (or all of it) comes from the image's HEALTHCHECK (registry config or Dockerfile)"),
-    "hostname": _h("added to the hosts file; the host's UTS namespace is kept"),
+    "hostname": _h("added to the hosts file; the host's UTS namespace is kept, and HOSTNAME in every service's "
+                   "environment is the node's host name (what its gethostname() gives), as Docker sets it to the "
+                   "container's"),
     "image": _h("built into a SIF with `Bootstrap: docker`"),
     "init": _u("Apptainer instances already run a small init (shim) process; ignored"),
     "ipc": _e("instances share the host's IPC namespace, which covers `host` and `shareable`"),

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -181,11 +182,13 @@ def test_up_starts_an_instance_with_the_services_env_and_reports_one_that_ends_a
     assert "run.sh: service db failed: exited right after start" in proc.stderr, proc.stderr
     [start] = [c for c in calls(project) if c[:2] == ["instance", "start"]]
     assert start[-2:] == [sif, instance]
-    assert start[2:6] == ["--cleanenv", "--no-eval", "--env-file", env_file], start
-    assert ["--bind", f"{project}/out/state/hosts:/etc/hosts:ro"] == start[6:8]
+    # HOSTNAME as Docker sets it: the host name the service's gethostname() gives, the node's
+    assert start[2:8] == ["--cleanenv", "--no-eval", "--env-file", env_file, "--env",
+                          f"HOSTNAME={socket.gethostname()}"], start
+    assert ["--bind", f"{project}/out/state/hosts:/etc/hosts:ro"] == start[8:10]
     # a registry image is built from docker://REF: its start script is bound in, the definition's own
     startscript = project / "out" / "state" / "run" / f"{Path(sif).stem}.startscript"
-    assert ["--bind", f"{startscript}:/.singularity.d/startscript:ro"] == start[8:10]
+    assert ["--bind", f"{startscript}:/.singularity.d/startscript:ro"] == start[10:12]
     definition = (project / "out" / "definitions" / f"{Path(sif).stem}.def").read_text()
     assert startscript.read_text() == "#!/bin/sh\n\n" + definition.split("%startscript\n", 1)[1]
     proc = run_verb(project, "up", "cmd_up", "-d", "nosuch")
@@ -291,6 +294,11 @@ def test_exec_runs_the_command_in_the_instance_with_the_services_env(project):
         proc = run_verb(project, "exec", "cmd_exec", "db", "echo", "hi")
         assert proc.returncode == 0, proc.stderr
         pwd = ["--pwd", workdir] if workdir else []
+        assert calls(project)[-1] == ["exec", "--cleanenv", "--no-eval", "--env-file", env_file, "--env",
+                                      f"HOSTNAME={socket.gethostname()}", *pwd, "instance://v-db", "echo", "hi"]
+        # a HOSTNAME of the service's own environment is kept
+        Path(env_file).write_text(Path(env_file).read_text() + "HOSTNAME=from-compose\n")
+        assert run_verb(project, "exec", "cmd_exec", "db", "echo", "hi").returncode == 0
         assert calls(project)[-1] == ["exec", "--cleanenv", "--no-eval", "--env-file", env_file, *pwd,
                                       "instance://v-db", "echo", "hi"]
 

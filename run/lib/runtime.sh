@@ -115,11 +115,17 @@ runtime_mode() {
 
 # The flags that give a command of the runtime the service's environment and nothing else, in
 # ENV_FLAGS: the env file for this runtime (see detect_runtime), or the one $1 names (its
-# evaluated form where the runtime evaluates values).
-ENV_FLAGS=()
+# evaluated form where the runtime evaluates values). Docker sets HOSTNAME in every container to
+# its host name, and programs read it (Airflow's worker healthcheck pings `celery@$HOSTNAME`):
+# here the node's, which the service's gethostname() returns (its UTS namespace is the node's),
+# unless its environment names one.
+ENV_FLAGS=() NODE_HOSTNAME=""
 env_flags() {
     local file=${1:-$S_ENV}
-    ENV_FLAGS=(--cleanenv "${EVAL_FLAGS[@]}" --env-file "${file%.env}$ENV_SUFFIX")
+    file="${file%.env}$ENV_SUFFIX"
+    ENV_FLAGS=(--cleanenv "${EVAL_FLAGS[@]}" --env-file "$file")
+    [ -n "$NODE_HOSTNAME" ] || read -r NODE_HOSTNAME 2>/dev/null </proc/sys/kernel/hostname || NODE_HOSTNAME=$(uname -n)
+    grep -q '^HOSTNAME=' "$file" 2>/dev/null || ENV_FLAGS+=(--env "HOSTNAME=$NODE_HOSTNAME")
 }
 
 # In setuid mode the service runs as the user, without fakeroot, and the kernel's overlayfs checks

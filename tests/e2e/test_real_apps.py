@@ -16,8 +16,9 @@ it differs from upstream's):
   site written after upstream's; valkey/valkey:9.1.1 is Debian's valkey-server; postgres:18-alpine
   is the postgres look-alike with 18's PGDATA layout (sid's PostgreSQL, glibc).
 - airflow: apache/airflow:3.1.0 is PyPI's apache-airflow 3.1.0 (celery, postgres, redis, statsd,
-  and the FAB provider) on Debian sid's Python 3.13, resolved as of its release day, with an
-  entrypoint written after upstream's; postgres:16 and redis:7.2-bookworm are the official images'
+  and the FAB provider with the Flask-AppBuilder stack it names before 3.13) on Debian sid's
+  Python 3.13, resolved as of its release day with click before 8.3, with an entrypoint written
+  after upstream's; postgres:16 and redis:7.2-bookworm are the official images'
   look-alikes.
 Each test module's figures (time from `up -d` to every service healthy, SIF sizes) are printed on
 the terminal and kept in docs/measurements/real-apps.md by hand."""
