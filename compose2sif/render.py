@@ -260,6 +260,7 @@ def _service_function(s: ServicePlan, fn: str, own_address: str, reach: str = ""
         f"    S_NV={1 if s.nv else 0}",
         f"    S_GPUS={_array(gpus)}",
         f"    S_WRITABLE_TMPFS={1 if s.writable_tmpfs else 0}",
+        f"    S_HOSTNAME_ENV={1 if s.hostname_env else 0}",  # HOSTNAME: the node's (env_flags)
         f"    S_FAKEROOT_IDS={_q(fakeroot.get('ids', ''))} S_FAKEROOT_WITHOUT={_q(fakeroot.get('without', ''))}",
         f"    S_DEPENDS={_array(d['service'] + ':' + d['condition'] for d in s.depends_on)}",
         f"    S_BINDS={_array(spec for spec, _ in binds)}",

@@ -635,3 +635,29 @@ def test_the_stop_signal_is_the_compose_files_else_the_images_else_sigterm(tmp_p
     from compose2sif.render import render_runner
     db_function = render_runner(plan).split("    S_NAME=db\n", 1)[1].split("\n}", 1)[0]
     assert "S_STOP_SIGNAL=SIGINT" in db_function
+
+
+def test_hostname_is_the_nodes_only_where_neither_compose_nor_the_images_env_names_it(tmp_path):
+    """Docker sets HOSTNAME to the container's name, and an image's ENV HOSTNAME (Next.js images'
+    0.0.0.0, the address they bind) or compose's wins over it: run.sh is told to set it only where
+    neither names it and the image's ENV is known."""
+    from compose2sif.registry import ImageConfig
+    compose = """
+        services:
+          worker: {image: "example/worker:1"}
+          next: {image: "example/next:1"}
+          told: {image: "example/worker:1", environment: {HOSTNAME: "0.0.0.0"}}
+          unread: {image: "example/unread:1"}
+          built: {build: ./app}
+          built_own: {build: ./own}
+    """
+    files = {"app/Dockerfile": "FROM debian:12\nCMD [\"app\"]\n",
+             "own/Dockerfile": "FROM debian:12\nENV HOSTNAME=0.0.0.0\nCMD [\"app\"]\n"}
+    configs = {"example/worker:1": ImageConfig(env={"PATH": "/usr/bin"}),
+               "example/next:1": ImageConfig(env={"HOSTNAME": "0.0.0.0"})}
+    plan = plan_for(tmp_path, compose, files=files, image_configs=configs)
+    got = {s.name: s.hostname_env for s in plan.services}
+    assert got == {"worker": True, "next": False, "told": False, "unread": False, "built": True,
+                   "built_own": False}
+    from compose2sif.render import render_runner
+    assert "S_HOSTNAME_ENV=1" in render_runner(plan).split("    S_NAME=worker\n", 1)[1].split("\n}", 1)[0]

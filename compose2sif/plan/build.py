@@ -420,6 +420,8 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
         if workdir is None and service.image and source.kind == "docker" and service.image not in options.image_configs:
             unknown_workdir.append(name)
         stop_signal, stop_signal_from = _stop_signal(service, source, image_config)
+        image_sets_hostname = ("HOSTNAME=" in source.definition if source.kind == "build" else
+                               image_config is None or "HOSTNAME" in image_config.env)
         gpus = [{"count": g.count, "device_ids": list(g.device_ids)} for g in service.gpus]
         if service.runtime == "nvidia" and not gpus:
             gpus = [{"count": -1, "device_ids": []}]
@@ -444,6 +446,7 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
             stop_signal=stop_signal, stop_signal_from=stop_signal_from, stop_grace_period=service.stop_grace_period,
             ulimits={k: [soft, hard] for k, (soft, hard) in service.ulimits.items()},
             writable_tmpfs=bool(knobs.hints(service).get("writable_tmpfs")),
+            hostname_env=not image_sets_hostname and "HOSTNAME" not in service.environment,
             adapter=adapter.family if adapter else None, check=list(adapter.check) if adapter else [],
             warnings=result.warnings,
             fakeroot=_fakeroot(service, adapter), probe_environment=probe_environment,

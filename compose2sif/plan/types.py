@@ -59,6 +59,10 @@ class ServicePlan:
     stop_grace_period: float
     ulimits: Dict[str, List[int]]
     writable_tmpfs: bool
+    # run.sh sets HOSTNAME to the node's host name, as Docker sets it to the container's: where
+    # neither compose nor the image's ENV names it (an image's `HOSTNAME=0.0.0.0` wins, as in
+    # Docker), and the image's ENV is known
+    hostname_env: bool = False
     adapter: Optional[str] = None     # the image family whose adapter shaped it
     check: List[str] = field(default_factory=list)  # its adapter's check: why it would not start (`up` runs it)
     fakeroot: Optional[Dict[str, Any]] = None  # {"ids": N, "without": line}: --fakeroot where ids 0..N map

@@ -118,14 +118,15 @@ runtime_mode() {
 # evaluated form where the runtime evaluates values). Docker sets HOSTNAME in every container to
 # its host name, and programs read it (Airflow's worker healthcheck pings `celery@$HOSTNAME`):
 # here the node's, which the service's gethostname() returns (its UTS namespace is the node's),
-# unless its environment names one.
+# where the plan found that neither compose nor the image's ENV names it (S_HOSTNAME_ENV).
 ENV_FLAGS=() NODE_HOSTNAME=""
 env_flags() {
     local file=${1:-$S_ENV}
     file="${file%.env}$ENV_SUFFIX"
     ENV_FLAGS=(--cleanenv "${EVAL_FLAGS[@]}" --env-file "$file")
     [ -n "$NODE_HOSTNAME" ] || read -r NODE_HOSTNAME 2>/dev/null </proc/sys/kernel/hostname || NODE_HOSTNAME=$(uname -n)
-    grep -q '^HOSTNAME=' "$file" 2>/dev/null || ENV_FLAGS+=(--env "HOSTNAME=$NODE_HOSTNAME")
+    [ "${S_HOSTNAME_ENV:-0}" = 1 ] && ENV_FLAGS+=(--env "HOSTNAME=$NODE_HOSTNAME")
+    return 0
 }
 
 # In setuid mode the service runs as the user, without fakeroot, and the kernel's overlayfs checks

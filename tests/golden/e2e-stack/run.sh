@@ -69,6 +69,7 @@ svc_0_db() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_HOSTNAME_ENV=0
     S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=()
     S_BINDS=(state/services/db/scratch/tmp:/tmp state/services/db/scratch/var_run_postgresql:/var/run/postgresql state/volumes/pgdata:/var/lib/postgresql/data)
@@ -115,6 +116,7 @@ svc_1_llm() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_HOSTNAME_ENV=0
     S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=()
     S_BINDS=(<PROJECT>/models:/models:ro state/services/llm/scratch/tmp:/tmp)
@@ -162,6 +164,7 @@ svc_2_redis() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_HOSTNAME_ENV=0
     S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=()
     S_BINDS=(state/volumes/redisdata:/data state/services/redis/scratch/tmp:/tmp <PROJECT>/redis.conf:/etc/redis/compose.conf:ro config/redis/redis/compose2sif.conf:/etc/compose2sif/redis.conf:ro)
@@ -208,6 +211,7 @@ svc_3_init() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_HOSTNAME_ENV=0
     S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=(db:service_healthy)
     S_BINDS=(<PROJECT>/app:/app:ro state/services/init/scratch/tmp:/tmp)
@@ -253,6 +257,7 @@ svc_4_api() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_HOSTNAME_ENV=0
     S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=(init:service_completed_successfully db:service_healthy redis:service_healthy llm:service_healthy)
     S_BINDS=(<PROJECT>/app:/app:ro state/services/api/scratch/tmp:/tmp)
@@ -299,6 +304,7 @@ svc_5_worker() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_HOSTNAME_ENV=0
     S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=(init:service_completed_successfully redis:service_healthy)
     S_BINDS=(<PROJECT>/app:/app:ro state/services/worker/scratch/tmp:/tmp)
@@ -345,6 +351,7 @@ svc_6_proxy() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_HOSTNAME_ENV=0
     S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=(api:service_healthy)
     S_MKDIRS=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)

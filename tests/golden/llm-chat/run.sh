@@ -69,6 +69,7 @@ svc_0_db() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_HOSTNAME_ENV=0
     S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=()
     S_BINDS=(state/services/db/scratch/tmp:/tmp state/services/db/scratch/var_run_postgresql:/var/run/postgresql state/volumes/pgdata:/var/lib/postgresql/data)
@@ -115,6 +116,7 @@ svc_1_llm() {
     S_NV=1
     S_GPUS=(count=4)
     S_WRITABLE_TMPFS=0
+    S_HOSTNAME_ENV=0
     S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=()
     S_BINDS=(<PROJECT>/models:/models:ro state/services/llm/tmpfs/tmp:/tmp)
@@ -162,6 +164,7 @@ svc_2_redis() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_HOSTNAME_ENV=0
     S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=()
     S_BINDS=(state/volumes/redisdata:/data state/services/redis/scratch/tmp:/tmp config/redis/redis/compose2sif.conf:/etc/compose2sif/redis.conf:ro)
@@ -208,6 +211,7 @@ svc_3_api() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_HOSTNAME_ENV=0
     S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=(db:service_healthy redis:service_started llm:service_healthy)
     S_BINDS=(state/services/api/scratch/tmp:/tmp state/volumes/uploads:/app/uploads)
@@ -253,6 +257,7 @@ svc_4_web() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_HOSTNAME_ENV=1
     S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=(api:service_started)
     S_BINDS=(state/services/web/scratch/tmp:/tmp)
@@ -300,6 +305,7 @@ svc_5_proxy() {
     S_NV=0
     S_GPUS=()
     S_WRITABLE_TMPFS=0
+    S_HOSTNAME_ENV=0
     S_FAKEROOT_IDS='' S_FAKEROOT_WITHOUT=''
     S_DEPENDS=(web:service_healthy)
     S_MKDIRS=(state/services/proxy/scratch/run state/services/proxy/scratch/tmp state/services/proxy/scratch/var_run state/services/proxy/scratch/var_cache_nginx state/services/proxy/scratch/var_log_nginx state/services/proxy/scratch/var_lib_nginx)
