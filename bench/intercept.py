@@ -19,7 +19,9 @@ Section 1 and 2 also run the client of another service under --reach with 250 ad
 service on networks of 250 peers, the server's the last): the networks check's cost.
 3. UDP request/response/s of one client of another service against an echo server that receives
    with recvfrom: untraced, traced, and traced with --private (each datagram's exit stopped and its
-   sender's owner looked up: docs/isolation.md).
+   sender's owner looked up: docs/isolation.md); and against one that receives with recv (which
+   does not ask the sender: with --private its fd is watched, each recv stopped and run as a
+   recvfrom), answering the client's known port, untraced and with --private.
 Needs compose2sif installed by pip (its packaged c2s-loopback), cc (the C loops) and Linux x86_64.
 """
 import argparse
@@ -243,38 +245,48 @@ def measure(args, work: Path) -> None:
               f" (+{same - plain:.1f}), another service {other:6.1f} us (+{other - plain:.1f})")
 
     # 3. UDP round trips
-    print(f"\nUDP request/response/s, one client of another service, {args.seconds:g} s each (server: Python, recvfrom)")
+    print(f"\nUDP request/response/s, one client of another service, {args.seconds:g} s each (server: Python,"
+          " recvfrom; the last: recv, which does not ask the sender, answering the client's known port)")
     udp = {}
     for _ in range(args.rounds):
-        for case, words in (("untraced", None), ("traced", ()), ("--private", ("--private",))):
-            port = free_port()
-            argv = [sys.executable, "-c", UDP_SERVER, ADDR if words is None else "0.0.0.0", str(port)]
+        for case, words, how in (("untraced", None, "recvfrom"), ("traced", (), "recvfrom"),
+                                 ("--private", ("--private",), "recvfrom"), ("untraced recv", None, "recv"),
+                                 ("--private recv", ("--private",), "recv")):
+            port, client_port = free_port(), free_port()
+            argv = [sys.executable, "-c", UDP_SERVER, ADDR if words is None else "0.0.0.0", str(port), how,
+                    OTHER, str(client_port)]
             server = subprocess.Popen(argv if words is None else [str(tracer), "--addr", ADDR, *words, "--", *argv],
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             try:
                 server.stdout.readline()
                 client = [str(tracer), "--addr", OTHER, "--", sys.executable, "-c", UDP_CLIENT, ADDR, str(port),
-                          str(args.seconds)]
+                          str(args.seconds), str(client_port)]
                 udp.setdefault(case, []).append(float(subprocess.run(client, capture_output=True, text=True,
                                                                      check=True).stdout))
             finally:
                 server.terminate()
                 server.wait()
-    plain = statistics.median(udp["untraced"])
-    print("  " + " | ".join(f"{case} {statistics.median(udp[case]):7.0f}/s ({statistics.median(udp[case]) / plain:5.3f})"
-                            for case in udp))
+    for cases in (("untraced", "traced", "--private"), ("untraced recv", "--private recv")):
+        plain = statistics.median(udp[cases[0]])
+        print("  " + " | ".join(f"{case} {statistics.median(udp[case]):7.0f}/s"
+                                f" ({statistics.median(udp[case]) / plain:5.3f})" for case in cases))
 
 
 UDP_SERVER = """
 import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], int(sys.argv[2])))
+client = (sys.argv[4], int(sys.argv[5]))
 print("ready", flush=True)
+if sys.argv[3] == "recv":  # read as read(), recv() and Go's UDPConn.Read do: with --private, a watched fd
+    while True:
+        s.sendto(s.recv(512), client)
 while True:
     data, sender = s.recvfrom(512); s.sendto(data, sender)
 """
 UDP_CLIENT = """
 import socket, sys, time
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((sys.argv[1], int(sys.argv[2]))); s.settimeout(5)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", int(sys.argv[4])))
+s.connect((sys.argv[1], int(sys.argv[2]))); s.settimeout(5)
 end, done = time.monotonic() + float(sys.argv[3]), 0
 while time.monotonic() < end:
     s.send(b"ping"); s.recv(16); done += 1

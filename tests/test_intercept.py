@@ -357,6 +357,64 @@ def test_sendmsg_with_an_address_is_relocated_and_refused_as_sendto_is_and_io_ur
         assert untraced.stdout.startswith("io_uring ") and int(untraced.stdout.split()[1]) > 2, untraced.stdout
 
 
+SENDMMSG_EACH = textwrap.dedent("""
+    import ctypes, socket, struct, sys
+    class iovec(ctypes.Structure):
+        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+    class mmsghdr(ctypes.Structure):  # struct msghdr, then msg_len
+        _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32), ("iov", ctypes.POINTER(iovec)),
+                    ("iovlen", ctypes.c_size_t), ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                    ("flags", ctypes.c_int), ("pad", ctypes.c_int), ("len", ctypes.c_uint32)]
+    libc = ctypes.CDLL(None, use_errno=True)
+    targets = [(t.rsplit(":", 1)[0], int(t.rsplit(":", 1)[1])) for t in sys.argv[1:]]
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", 0)); s.settimeout(3)
+    names = [ctypes.create_string_buffer(struct.pack("=H", socket.AF_INET) + struct.pack(">H", p)
+                                         + socket.inet_aton(h) + bytes(8)) for h, p in targets]
+    words = [ctypes.create_string_buffer(f"ping{i}".encode()) for i in range(len(targets))]
+    iovs = [iovec(ctypes.cast(w, ctypes.c_void_p), len(w.value)) for w in words]
+    vec = (mmsghdr * len(targets))(*[mmsghdr(ctypes.cast(n, ctypes.c_void_p), 16, ctypes.pointer(i), 1, None, 0, 0,
+                                             0, 0) for n, i in zip(names, iovs)])
+    done, calls = 0, []
+    while done < len(targets):  # as a caller of sendmmsg does: the rest again after a partial send
+        n = libc.sendmmsg(s.fileno(), ctypes.byref(vec, done * ctypes.sizeof(mmsghdr)), len(targets) - done, 0)
+        calls.append(n if n >= 0 else -ctypes.get_errno())
+        for i in range(done, done + max(n, 0)):
+            print(sys.argv[1 + i], "sent", vec[i].len)
+        if n < 0:
+            print(sys.argv[1 + done], "errno", ctypes.get_errno())
+        done += max(n, 1)
+    print("calls", *calls)
+    for _ in range(sum(c for c in calls if c > 0)):
+        try:
+            print(s.recv(64).decode())
+        except socket.timeout:
+            print("no answer")
+""")
+
+
+def test_sendmmsg_with_addresses_is_relocated_and_refused_message_by_message(services, tracer):
+    """sendmmsg naming an address per message (as busy UDP clients and QUIC stacks send): each goes
+    as a sendmsg would, one message per call (callers send the rest again, as after a full socket
+    buffer), its sent length where the program looks. 127.0.0.1 goes to the own address; a peer
+    --reach does not list is refused (ECONNREFUSED, nothing sent); with --internal, an address
+    beyond the project too (ENETUNREACH). Untraced, one call sends all three."""
+    port = free_port("127.0.0.1")
+    services("127.0.9.45", [sys.executable, "-c", UDP_ECHO, str(port)]).proc.stdout.readline()
+    services("127.0.9.46", [sys.executable, "-c", UDP_ECHO, str(port)]).proc.stdout.readline()
+    targets = [f"127.0.0.1:{port}", f"127.0.9.46:{port}", f"127.0.8.9:{port}"]
+    free = traced(tracer, "127.0.9.45", [sys.executable, "-c", SENDMMSG_EACH, *targets[:2]])
+    lines = free.stdout.splitlines()
+    assert lines[:3] == [f"{targets[0]} sent 5", f"{targets[1]} sent 5", "calls 1 1"], free.stderr
+    assert sorted(lines[3:]) == ["echo ping0", "echo ping1"], free.stdout
+    jailed = traced(tracer, "127.0.9.45", [sys.executable, "-c", SENDMMSG_EACH, *targets], "--reach", "127.0.9.45",
+                    "--internal")
+    assert jailed.stdout.splitlines() == [f"{targets[0]} sent 5", f"{targets[1]} errno 111", f"{targets[2]} errno 101",
+                                          "calls 1 -111 -101", "echo ping0"], jailed.stderr
+    untraced = subprocess.run([sys.executable, "-c", SENDMMSG_EACH, f"127.0.9.45:{port}", f"127.0.9.46:{port}"],
+                              capture_output=True, text=True, timeout=30)
+    assert untraced.stdout.splitlines()[2] == "calls 2", untraced.stdout
+
+
 ASK_CONNECTED = ("import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3); "
                  "s.connect((sys.argv[1], int(sys.argv[2]))); s.send(b'ping'); print(s.recv(64).decode())")
 
@@ -706,7 +764,7 @@ def test_private_closes_what_another_user_connects_before_the_program_reads(shar
 
 
 ECHO_DATAGRAMS = textwrap.dedent("""
-    import ctypes, socket, sys
+    import ctypes, os, socket, sys
     port, family, how = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     s = socket.socket(socket.AF_INET6 if family == "6" else socket.AF_INET, socket.SOCK_DGRAM)
     s.bind(("::" if family == "6" else "0.0.0.0", port))
@@ -733,6 +791,7 @@ ECHO_DATAGRAMS = textwrap.dedent("""
         return bufs[0].raw[:vec[0].len], (host, port)
     print("ready", flush=True)
     while True:
+        sender = None
         if how == "recvmmsg":
             data, sender = recvmmsg()
         elif how == "recvmsg":
@@ -741,10 +800,25 @@ ECHO_DATAGRAMS = textwrap.dedent("""
             peeked, _ = s.recvfrom(512, socket.MSG_PEEK)
             data, sender = s.recvfrom(512)
             assert data == peeked, (data, peeked)
-        else:
+        elif how == "recvfrom":
             data, sender = s.recvfrom(512)
-        print("got", data.decode(), flush=True)
-        s.sendto(b"served " + data, sender)
+        elif how == "recv":  # recvfrom without an address: nothing says the sender
+            data = s.recv(512)
+        elif how == "recv-peek":
+            peeked = s.recv(512, socket.MSG_PEEK)
+            data = s.recv(512)
+            assert data == peeked, (data, peeked)
+        elif how == "read":  # as Go's net.UDPConn.Read and libuv-less C servers read
+            data = os.read(s.fileno(), 512)
+        else:  # readv
+            buf = bytearray(512)
+            data = bytes(buf[:os.readv(s.fileno(), [buf])])
+        word, reply_to = data.decode().split()
+        if sender is None:  # the sender said where it waits for the answer
+            host, port = reply_to.rsplit(":", 1)
+            sender = (host, int(port)) if family == "4" else ("::ffff:" + host, int(port))
+        print("got", word, flush=True)
+        s.sendto(b"served " + word.encode(), sender)
 """)
 SEND_DATAGRAM = textwrap.dedent("""
     import socket, sys
@@ -752,9 +826,11 @@ SEND_DATAGRAM = textwrap.dedent("""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.settimeout(1.5)
     if connected:  # as glibc's resolver sends, from an address of the project's (as another service's)
-        s.bind((addr.rsplit(".", 1)[0] + ".23", 0)); s.connect((addr, port)); s.send(word.encode())
-    else:
-        s.sendto(word.encode(), (addr, port))
+        s.bind((addr.rsplit(".", 1)[0] + ".23", 0)); s.connect((addr, port))
+        s.send(f"{word} {s.getsockname()[0]}:{s.getsockname()[1]}".encode())
+    else:  # from 127.0.0.1, as the kernel sends towards a 127.x address from an unbound socket
+        s.bind(("0.0.0.0", 0))
+        s.sendto(f"{word} 127.0.0.1:{s.getsockname()[1]}".encode(), (addr, port))
     try:
         print(s.recv(64).decode())
     except socket.timeout:
@@ -762,13 +838,15 @@ SEND_DATAGRAM = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("how", ["recvfrom", "recvmsg", "recvmmsg", "peek"])
+@pytest.mark.parametrize("how", ["recvfrom", "recvmsg", "recvmmsg", "peek", "recv", "recv-peek", "read", "readv"])
 @pytest.mark.parametrize("family", ["4", "6"])
 def test_private_drops_datagrams_another_user_sends(shared_tracer, family, how):
     """--private, UDP: a datagram from a socket of another user (65533) never reaches the service
     (run by 65534), sent to it unconnected or from a connected socket; its own user's and root's
-    do, before and after, by each way of receiving that names the sender (a peeked one is taken
-    off the socket, not peeked at for ever). Without --private all five are answered."""
+    do, before and after, by each way of receiving: those that name the sender, and read, readv
+    and recv, which do not (the bound socket's fd is watched: inject_watch). A peeked one is taken
+    off the socket, not peeked at for ever. Without --private all five are answered. Each sender
+    waits for its answer, its socket open: the owner of a socket already closed cannot be found."""
     python = "/usr/bin/python3"
     copy = shared_tracer
     addr = "127.0.9.22"

@@ -26,9 +26,12 @@
  *     skipped, and the first refusal of each destination is said on stderr;
  *   - with --private, a TCP connection it accepts whose peer socket belongs to another user of
  *     the node (not this one, not root) is closed before the program sees it, and the accept
- *     waits for the next one; a UDP datagram such a socket sent is dropped before a receive that
- *     names the sender returns it, and the receive waits for the next one (loopback_owner.c);
- *   - sendmsg with an address in its msghdr goes as sendto does; io_uring_setup fails with EPERM
+ *     waits for the next one; a UDP datagram such a socket sent is dropped before a receive
+ *     returns it, and the receive waits for the next one (loopback_owner.c): those that name the
+ *     sender, and read/readv/recv on a UDP socket bound to a port, whose fd number a second
+ *     seccomp filter put into the process after its bind stops (loopback_ptrace.c);
+ *   - sendmsg with an address in its msghdr goes as sendto does, and sendmmsg naming addresses
+ *     too, one message per call; io_uring_setup fails with EPERM
  *     (a ring's calls would pass the filter), as Docker's default seccomp profile makes it;
  *   - with --share-ports (own-address binds) and --host-network (a host-network service's binds
  *     to 0.0.0.0 or [::], nothing else stopped), the bound socket gets SO_REUSEPORT, and a bind
@@ -40,8 +43,8 @@
  * privileged ports the entry relocated there.
  *
  * How: a seccomp filter (inherited by every descendant) returns SECCOMP_RET_TRACE for bind,
- * connect, sendto-with-an-address and sendmsg only (with --private also accept and the receives
- * that name a sender); this process is their ptrace tracer (PTRACE_SEIZE, so
+ * connect, sendto-with-an-address, sendmsg and sendmmsg only (with --private also accept and the
+ * receives that name a sender); this process is their ptrace tracer (PTRACE_SEIZE, so
  * group stops and SIGCONT behave; clones, forks, vforks and execs are followed). At the seccomp
  * stop the sockaddr is read, the rewritten copy written below the tracee's stack red zone and the
  * argument register pointed at it; at the syscall-exit stop the register is put back (libc assumes
@@ -348,6 +351,7 @@ int main(int argc, char **argv)
         }
         if (WIFEXITED(status) || WIFSIGNALED(status)) {
             forget_tracee(tid);
+            forget_watches(tid);
             if (tid != child)
                 continue;
             if (check) {
@@ -389,7 +393,7 @@ int main(int argc, char **argv)
             break;
         default:
             if (sig == (SIGTRAP | 0x80)) {
-                if (on_closing_stop(t) || on_sharing_stop(t))
+                if (on_closing_stop(t) || on_sharing_stop(t) || on_watching_stop(t))
                     break;
                 t->phase = next_phase(t->phase, STOP_SYSCALL, 0, legacy_order);
                 if (t->phase == AT_EXIT)

@@ -84,8 +84,12 @@ int serve_dns(const char *listen, const char *hosts_file);
 extern int dns_no_relay;
 
 void record(const char *kind, pid_t tid, long fd, const union sockaddr_any *from, const union sockaddr_any *to);
+/* "TCP", "UDPv6"...: the protocol of tracee TID's socket FD ("?" where it is none) */
+void socket_proto(pid_t tid, long fd, char *out, size_t size);
 
-/* loopback_owner.c: 1 where socket FD of tracee TID is a TCP connection another user's socket made */
+/* loopback_owner.c: the process (thread group) of thread TID */
+pid_t tgid_of(pid_t tid);
+/* 1 where socket FD of tracee TID is a TCP connection another user's socket made */
 int foreign_peer(pid_t tid, long fd);
 /* 1 where tracee TID's UDP socket FD received its datagram from FROM, a socket of another user;
  * with DISCARD (it was only peeked at) that datagram is taken off the socket */
@@ -115,7 +119,12 @@ struct tracee {
     int shared;                   /* 1: this bind's socket is to get SO_REUSEPORT at its exit; 2: it got it */
     socklen_t name_len;           /* a receive's address length and control length as the program passed */
     size_t control_len;           /* them, to run it again after a datagram of another user's */
-    unsigned long long vlen;      /* a recvmmsg's count (0: not changed), put back at its exit */
+    unsigned long long vlen;      /* a recvmmsg's or sendmmsg's count (0: not changed), put back at its exit */
+    unsigned long header_copy;    /* sendmmsg: where the copy of its first mmsghdr is (0: none) */
+    long unnamed;                 /* --private: a read, readv or recv of a watched UDP socket, run as a
+                                   * receive that names the sender (its number; 0: none) */
+    int watching;                 /* 1, 2: a seccomp() injected after a UDP bind (entry, exit) */
+    int watch_bind;               /* this bind is a UDP socket's to a port: its fd to be watched */
     struct user_regs_struct saved;/* the accept's registers, to run it again after that close; the
                                    * bind's, to finish it after that setsockopt */
 };
@@ -132,5 +141,8 @@ void on_call_exit(struct tracee *t);
 /* A syscall stop of a tracee whose injected close() is under way: returns 0 where there is none. */
 int on_closing_stop(struct tracee *t);
 int on_sharing_stop(struct tracee *t);
+int on_watching_stop(struct tracee *t);
+/* A tracee's thread group is gone: what was known of its filters with it. */
+void forget_watches(pid_t tid);
 
 #endif

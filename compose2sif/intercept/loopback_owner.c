@@ -113,7 +113,7 @@ static int by_ends(const struct end *l, const struct end *r, unsigned long uid, 
 #define SYS_pidfd_getfd 438
 #endif
 
-static pid_t tgid_of(pid_t tid)
+pid_t tgid_of(pid_t tid)
 {
     char path[64], line[128];
     snprintf(path, sizeof path, "/proc/%d/status", tid);

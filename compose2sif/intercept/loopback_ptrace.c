@@ -1,5 +1,6 @@
-/* c2s-loopback's ptrace side: the seccomp filter that makes bind, connect, sendto-with-an-address
- * and sendmsg stop (with --private also accept and the receives that name a sender), the tracees'
+/* c2s-loopback's ptrace side: the seccomp filter that makes bind, connect, sendto-with-an-address,
+ * sendmsg and sendmmsg stop (with --private also accept and the receives that name a sender, and
+ * read/readv/recv on a watched UDP socket, by a second filter), the tracees'
  * memory and registers, the table of tracees, and what the tracer does at a call's seccomp stop
  * (read, rewrite by the rules of loopback_rules.c, place the copy) and at its exit (restore,
  * restart with another address, or, for another user's connection or datagram, run it again). */
@@ -17,6 +18,7 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/user.h>
+#include <unistd.h>
 
 int legacy_order;
 int share_ports;
@@ -178,6 +180,44 @@ static reg_t place_msghdr(struct tracee *t)
     return write_memory(t->tid, at, &m, sizeof m, 0) == 0 ? at : 0;
 }
 
+/* sendmmsg, its count made 1: a copy of its first mmsghdr naming the rewritten sockaddr's copy,
+ * below that copy (the kernel writes the sent length into it; finish_call copies that back); its
+ * address, or 0 where it cannot be written. */
+static reg_t place_mmsghdr(struct tracee *t)
+{
+    struct mmsghdr m = {.msg_hdr = t->msg};
+    unsigned long at = (t->copy_ptr - sizeof m) & ~15UL;
+    m.msg_hdr.msg_name = (void *)t->copy_ptr;
+    t->header_copy = write_memory(t->tid, at, &m, sizeof m, 0) == 0 ? at : 0;
+    return t->header_copy;
+}
+
+/* sendmmsg(fd, vec, vlen, flags): where any of its messages names an address, it is made to send
+ * the first one only (the count put back at its exit: callers take fewer sent than asked, as a
+ * full socket buffer gives), which goes as a sendmsg; the next call, with the rest, stops again.
+ * Reads that first msghdr into t->msg; 0 where no message names an address. */
+static int first_of_batch(struct tracee *t, struct user_regs_struct *regs)
+{
+    enum { BATCH = 64 };
+    struct mmsghdr batch[BATCH];
+    unsigned long long vlen = regs->rdx > 1024 ? 1024 : regs->rdx;
+    int named = 0;
+    for (unsigned long long i = 0; i < vlen && !named; i += BATCH) {
+        size_t n = vlen - i < BATCH ? (size_t)(vlen - i) : BATCH;
+        if (read_memory(t->tid, regs->rsi + i * sizeof batch[0], batch, n * sizeof batch[0]) != 0)
+            return 0;  /* the kernel fails it with EFAULT as written */
+        if (i == 0)
+            t->msg = batch[0].msg_hdr;
+        for (size_t j = 0; j < n; j++)
+            named |= batch[j].msg_hdr.msg_name != NULL;
+    }
+    if (named && regs->rdx > 1) {
+        t->vlen = regs->rdx;
+        regs->rdx = 1;
+    }
+    return named;
+}
+
 /* Where a host-network service's bind asks for every address: 0.0.0.0 or [::]. */
 static int wildcard(const union sockaddr_any *a)
 {
@@ -259,8 +299,26 @@ static void received(struct tracee *t, struct user_regs_struct *regs)
     t->phase = IDLE;
     if (t->vlen)
         regs->rdx = t->vlen;
-    if (ret >= (t->nr == SYS_recvmmsg) && sender_of(t, regs, &from) == 0 &&
-        foreign_sender(t->tid, t->fd, &from, (flags & MSG_PEEK) != 0) == 1) {
+    long unnamed = t->unnamed;
+    t->unnamed = 0;
+    if (unnamed && ret <= -512 && ret >= -516) {
+        /* a signal came (-ERESTART...): the kernel runs the call again, or fails it with EINTR, as
+         * the program called it: read again stops again */
+        regs->orig_rax = t->saved.orig_rax;
+        unnamed = -1;
+    }
+    int foreign = unnamed >= 0 && ret >= (t->nr == SYS_recvmmsg) && sender_of(t, regs, &from) == 0 &&
+                  foreign_sender(t->tid, t->fd, &from, (flags & MSG_PEEK) != 0) == 1;
+    if (unnamed) {  /* the read, readv or recv as the program called it: run again, or its result */
+        reg_t result = regs->rax, orig = regs->orig_rax;
+        *regs = t->saved;
+        regs->orig_rax = orig;
+        regs->rax = result;
+        if (foreign) {
+            regs->rip -= 2;
+            regs->rax = regs->orig_rax = t->saved.orig_rax;
+        }
+    } else if (foreign) {
         int restored;
         if (t->nr == SYS_recvfrom) {
             restored = write_memory(t->tid, regs->r9, &t->name_len, sizeof t->name_len, 0) == 0;
@@ -280,6 +338,197 @@ static void received(struct tracee *t, struct user_regs_struct *regs)
     resume(t->tid, PTRACE_CONT, 0);
 }
 
+/* ---- --private: datagrams read without asking who sent them -------------------------------- */
+/* read, readv and recv (recvfrom without an address) do not say the sender, and stopping every
+ * read would cost every program (a TCP server reads with them). So after a UDP socket's bind to a
+ * port (a server's socket; a client's, bound to port 0, is not watched), a second seccomp filter is
+ * put into its process (a seccomp() run in the tracee, every thread: TSYNC), which stops those
+ * three calls on that fd number alone; later children inherit it. At such a stop, where the fd is
+ * still that socket (its inode), the call runs as the receive that names the sender (recvfrom; for
+ * readv, recvmsg), into a sockaddr below the red zone, and its exit is looked at as received()
+ * does; the program's registers are put back. A process gets at most FILTERS_PER_PROCESS such
+ * filters (each costs every one of its system calls a few instructions). */
+
+#define WATCHED_MAX 256
+#define FILTERS_PER_PROCESS 16
+static unsigned long watched_inodes[WATCHED_MAX];  /* the watched sockets; a ring, the oldest forgotten */
+static size_t watched_next;
+static struct { pid_t tgid; long fd; } filtered[WATCHED_MAX];  /* the fd numbers each process's filters stop */
+static size_t filtered_next;
+
+static unsigned long socket_inode(pid_t tid, long fd)
+{
+    char path[64], target[64];
+    unsigned long inode = 0;
+    snprintf(path, sizeof path, "/proc/%d/fd/%ld", tid, fd);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n > 0) {
+        target[n] = 0;
+        if (sscanf(target, "socket:[%lu]", &inode) != 1)
+            inode = 0;
+    }
+    return inode;
+}
+
+static int watched(unsigned long inode)
+{
+    for (size_t i = 0; inode && i < WATCHED_MAX; i++)
+        if (watched_inodes[i] == inode)
+            return 1;
+    return 0;
+}
+
+void forget_watches(pid_t tid)
+{
+    for (size_t i = 0; i < WATCHED_MAX; i++)
+        if (filtered[i].tgid == tid)
+            filtered[i].tgid = 0;
+}
+
+/* A UDP socket's bind to a port, by its seccomp stop's sockaddr: its fd is to be watched. */
+static int watch_wanted(struct tracee *t)
+{
+    const union sockaddr_any *a = &t->rewritten;
+    char proto[16];
+    if (!private_only || t->nr != SYS_bind || !(a->sa.sa_family == AF_INET ? a->in4.sin_port : a->in6.sin6_port))
+        return 0;
+    socket_proto(t->tid, t->fd, proto, sizeof proto);
+    return !strcmp(proto, "UDP") || !strcmp(proto, "UDPv6");
+}
+
+/* After that bind succeeded: seccomp(SET_MODE_FILTER, TSYNC, prog) run in the tracee (the
+ * `syscall` instruction run again with its number; the program below the stack's red zone) where
+ * its process has no filter for that fd number yet; 1 where it was injected. */
+static int inject_watch(struct tracee *t, struct user_regs_struct *regs)
+{
+    static int said;
+    unsigned long inode = socket_inode(t->tid, t->fd);
+    if (!inode)
+        return 0;
+    if (!watched(inode)) {
+        watched_inodes[watched_next] = inode;
+        watched_next = (watched_next + 1) % WATCHED_MAX;
+    }
+    pid_t tgid = tgid_of(t->tid);
+    int count = 0;
+    for (size_t i = 0; i < WATCHED_MAX; i++) {
+        if (filtered[i].tgid != tgid)
+            continue;
+        if (filtered[i].fd == t->fd)
+            return 0;  /* that fd number is stopped already */
+        count++;
+    }
+    if (count >= FILTERS_PER_PROCESS) {
+        if (!said++)
+            fprintf(stderr, NAME ": process %d binds more than %d UDP sockets: datagrams the others read "
+                    "without asking the sender (read, recv) are not checked for their sender's user\n",
+                    (int)tgid, FILTERS_PER_PROCESS);
+        return 0;
+    }
+    struct sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 0, 6),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_read, 2, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_readv, 1, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_recvfrom, 0, 2),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)t->fd, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE),
+    };
+    unsigned long at = (regs->rsp - 128 - sizeof code) & ~15UL, prog_at = at - 16;
+    struct sock_fprog prog = {sizeof code / sizeof code[0], (struct sock_filter *)at};
+    if (write_memory(t->tid, at, code, sizeof code, 0) != 0 || write_memory(t->tid, prog_at, &prog, sizeof prog, 0) != 0)
+        return 0;
+    t->saved = *regs;
+    regs->rax = SYS_seccomp;
+    regs->rdi = SECCOMP_SET_MODE_FILTER;
+    regs->rsi = SECCOMP_FILTER_FLAG_TSYNC;
+    regs->rdx = prog_at;
+    regs->rip -= 2;
+    if (ptrace(PTRACE_SETREGS, t->tid, 0, regs) != 0) {
+        *regs = t->saved;
+        return 0;
+    }
+    t->watching = 1;
+    resume(t->tid, PTRACE_SYSCALL, 0);
+    return 1;
+}
+
+int on_watching_stop(struct tracee *t)
+{
+    if (!t->watching)
+        return 0;
+    if (t->watching == 1) {  /* the injected seccomp()'s entry */
+        t->watching = 2;
+        resume(t->tid, PTRACE_SYSCALL, 0);
+        return 1;
+    }
+    struct user_regs_struct regs;
+    t->watching = 0;
+    if (ptrace(PTRACE_GETREGS, t->tid, 0, &regs) == 0) {
+        long ret = (long)regs.rax;
+        if (ret == 0) {
+            filtered[filtered_next].tgid = tgid_of(t->tid);
+            filtered[filtered_next].fd = t->fd;
+            filtered_next = (filtered_next + 1) % WATCHED_MAX;
+        } else {  /* a thread with filters of its own (TSYNC gives its id), or seccomp refused */
+            fprintf(stderr, NAME ": datagrams that fd %ld of process %d reads without asking the sender "
+                    "(read, recv) are not checked for their sender's user (seccomp: %s)\n", t->fd,
+                    (int)tgid_of(t->tid), ret > 0 ? "a thread has filters of its own" : strerror((int)-ret));
+        }
+    }
+    regs = t->saved;  /* the bind's exit, as the program sees it */
+    ptrace(PTRACE_SETREGS, t->tid, 0, &regs);
+    t->phase = IDLE;
+    resume(t->tid, PTRACE_CONT, 0);
+    return 1;
+}
+
+/* A read, readv or recv the watch filter stopped: where its fd is a watched socket, it runs as
+ * recvfrom (recvmsg for readv) with an address below the red zone, for received() to look at. */
+static void unnamed_receiving(struct tracee *t, struct user_regs_struct *regs)
+{
+    long nr = (long)regs->orig_rax;
+    t->fd = (long)regs->rdi;
+    t->vlen = 0;
+    t->unnamed = 0;
+    t->phase = IDLE;
+    if (!watched(socket_inode(t->tid, t->fd))) {  /* that fd number is something else now */
+        resume(t->tid, PTRACE_CONT, 0);
+        return;
+    }
+    unsigned long name = (regs->rsp - 128 - sizeof(union sockaddr_any)) & ~15UL, len_at = name - 16,
+                  header = (len_at - sizeof(struct msghdr)) & ~15UL;
+    socklen_t len = sizeof(union sockaddr_any);
+    struct user_regs_struct as_called = *regs;
+    int placed = write_memory(t->tid, len_at, &len, sizeof len, 0) == 0;
+    t->name_len = len;
+    t->control_len = 0;
+    if (nr == SYS_readv) {
+        struct msghdr m = {.msg_name = (void *)name, .msg_namelen = len, .msg_iov = (struct iovec *)regs->rsi,
+                           .msg_iovlen = regs->rdx};
+        placed = placed && write_memory(t->tid, header, &m, sizeof m, 0) == 0;
+        t->nr = SYS_recvmsg;
+        regs->rsi = header;
+        regs->rdx = 0;
+    } else {
+        t->nr = SYS_recvfrom;
+        if (nr == SYS_read)
+            regs->r10 = 0;
+        regs->r8 = name;
+        regs->r9 = len_at;
+    }
+    regs->orig_rax = (reg_t)t->nr;
+    if (placed && ptrace(PTRACE_SETREGS, t->tid, 0, regs) == 0) {
+        t->saved = as_called;
+        t->unnamed = nr;
+        t->phase = next_phase(IDLE, STOP_SECCOMP, 1, legacy_order);
+    }
+    resume(t->tid, t->phase == IDLE ? PTRACE_CONT : PTRACE_SYSCALL, 0);
+}
+
 void on_seccomp_stop(struct tracee *t)
 {
     struct user_regs_struct regs;
@@ -292,7 +541,12 @@ void on_seccomp_stop(struct tracee *t)
         resume(t->tid, PTRACE_SYSCALL, 0);
         return;
     }
+    if (regs.orig_rax == SYS_read || regs.orig_rax == SYS_readv || (regs.orig_rax == SYS_recvfrom && !regs.r8)) {
+        unnamed_receiving(t, &regs);  /* --private: a watched UDP socket's fd number (inject_watch) */
+        return;
+    }
     if (receives((long)regs.orig_rax)) {  /* --private: its exit shows the sender */
+        t->unnamed = 0;
         receiving(t, &regs);
         return;
     }
@@ -300,10 +554,13 @@ void on_seccomp_stop(struct tracee *t)
         t->nr = (long)regs.orig_rax;
         t->fd = (long)regs.rdi;
         t->user_ptr = t->register_value = *addr_register(&regs, t->nr);
-        t->copy_ptr = 0;
+        t->copy_ptr = t->header_copy = 0;
+        t->vlen = 0;
+        t->len = 0;
         reg_t len = addr_length(&regs, t->nr);
-        if (t->nr == SYS_sendmsg) {  /* its address is the msghdr's msg_name (none: it goes as written) */
-            if (read_memory(t->tid, regs.rsi, &t->msg, sizeof t->msg) != 0)
+        if (t->nr == SYS_sendmsg || t->nr == SYS_sendmmsg) {  /* the (first) msghdr's msg_name; none: as written */
+            if (t->nr == SYS_sendmsg ? read_memory(t->tid, regs.rsi, &t->msg, sizeof t->msg) != 0
+                                     : !first_of_batch(t, &regs))
                 t->msg.msg_name = NULL;
             t->user_ptr = (unsigned long)t->msg.msg_name;
             len = t->msg.msg_namelen;
@@ -311,6 +568,7 @@ void on_seccomp_stop(struct tracee *t)
         t->parked = 0;
         t->retries = 0;
         t->shared = 0;
+        t->watch_bind = 0;
         if (t->user_ptr && len >= sizeof(struct sockaddr_in) && len <= sizeof t->original) {
             t->len = (socklen_t)len;
             memset(&t->original, 0, sizeof t->original);
@@ -324,7 +582,11 @@ void on_seccomp_stop(struct tracee *t)
                  * address, mostly); --host-network, a wildcard bind */
                 if (family_ok && t->nr == SYS_bind && (host_network ? wildcard(&t->original) : share_ports))
                     t->shared = 1;
+                t->watch_bind = family_ok && watch_wanted(t);
                 if (err) {  /* not on a network of the service: the call is skipped and fails */
+                    if (t->vlen)
+                        regs.rdx = t->vlen;
+                    t->vlen = 0;
                     regs.orig_rax = (reg_t)-1;
                     regs.rax = (reg_t)-err;
                     if (ptrace(PTRACE_SETREGS, t->tid, 0, &regs) == 0) {
@@ -336,7 +598,8 @@ void on_seccomp_stop(struct tracee *t)
                 }
                 rewrite = relocated && place_copy(t, &regs) == 0;
                 if (rewrite && t->copy_ptr != t->user_ptr) {
-                    *addr_register(&regs, t->nr) = t->nr == SYS_sendmsg ? place_msghdr(t) : t->copy_ptr;
+                    *addr_register(&regs, t->nr) = t->nr == SYS_sendmsg ? place_msghdr(t) :
+                                                   t->nr == SYS_sendmmsg ? place_mmsghdr(t) : t->copy_ptr;
                     if (!*addr_register(&regs, t->nr) || ptrace(PTRACE_SETREGS, t->tid, 0, &regs) < 0)
                         rewrite = 0;
                 }
@@ -347,7 +610,10 @@ void on_seccomp_stop(struct tracee *t)
             }
         }
     }
-    t->phase = next_phase(t->phase, STOP_SECCOMP, rewrite || t->shared == 1, legacy_order);
+    if (t->vlen && t->phase != RESTARTED && ptrace(PTRACE_SETREGS, t->tid, 0, &regs) < 0)
+        t->vlen = 0;  /* its count as the program gave it */
+    t->phase = next_phase(t->phase, STOP_SECCOMP, rewrite || t->shared == 1 || t->vlen || t->watch_bind,
+                          legacy_order);
     resume(t->tid, t->phase == IDLE ? PTRACE_CONT : PTRACE_SYSCALL, 0);
 }
 
@@ -522,13 +788,23 @@ static void finish_call(struct tracee *t, struct user_regs_struct *regs)
     if (t->copy_ptr && t->copy_ptr == t->user_ptr)
         write_memory(t->tid, t->user_ptr, &t->original, t->len, 1);
     else if (t->copy_ptr) {
+        unsigned int sent;  /* sendmmsg: the length the kernel wrote into the copy, where the program looks */
+        if (t->header_copy && read_memory(t->tid, t->header_copy + offsetof(struct mmsghdr, msg_len), &sent,
+                                          sizeof sent) == 0)
+            write_memory(t->tid, t->register_value + offsetof(struct mmsghdr, msg_len), &sent, sizeof sent, 0);
         *addr_register(regs, t->nr) = t->register_value;
-        ptrace(PTRACE_SETREGS, t->tid, 0, regs);
     }
+    if (t->vlen)
+        regs->rdx = t->vlen;
+    if ((t->copy_ptr && t->copy_ptr != t->user_ptr) || t->vlen)
+        ptrace(PTRACE_SETREGS, t->tid, 0, regs);
+    t->vlen = 0;
     if ((ret >= 0 || ret == -EINPROGRESS) && memcmp(&t->rewritten, &t->original, t->len) != 0)
         record(t->parked ? "park" : bind ? "bind" : t->nr == SYS_connect ? "connect" :
-               t->nr == SYS_sendmsg ? "sendmsg" : "sendto", t->tid, t->fd,
+               t->nr == SYS_sendmsg ? "sendmsg" : t->nr == SYS_sendmmsg ? "sendmmsg" : "sendto", t->tid, t->fd,
                &t->original, &t->rewritten);
+    if (bind && ret == 0 && t->watch_bind && inject_watch(t, regs))
+        return;
     t->phase = IDLE;
     resume(t->tid, PTRACE_CONT, 0);
 }
@@ -546,7 +822,7 @@ int install_filter(void)
                    recvfrom_nr = private_only ? SYS_recvfrom : nothing,
                    /* --host-network: only its binds (the node's network is its own) */
                    connect_nr = host_network ? nothing : SYS_connect, sendto_nr = host_network ? nothing : SYS_sendto,
-                   sendmsg_nr = host_network ? nothing : SYS_sendmsg;
+                   sendmsg_nr = host_network ? nothing : SYS_sendmsg, sendmmsg_nr = host_network ? nothing : SYS_sendmmsg;
     struct sock_filter code[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
@@ -557,9 +833,10 @@ int install_filter(void)
         BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, SYS_io_uring_setup, 0, 2),
         BPF_JUMP(BPF_JMP | BPF_JGT | BPF_K, SYS_io_uring_register, 1, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_bind, 15, 0),      /* -> trace */
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, connect_nr, 14, 0),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, sendmsg_nr, 13, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_bind, 16, 0),      /* -> trace */
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, connect_nr, 15, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, sendmsg_nr, 14, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, sendmmsg_nr, 13, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, accept_nr, 12, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, accept4_nr, 11, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, recvmsg_nr, 10, 0),

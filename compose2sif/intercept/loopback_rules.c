@@ -190,7 +190,7 @@ static uint16_t peer_port(struct in_addr addr, uint16_t port)
 }
 
 /* "TCP", "UDPv6"...: the socket's protocol name, read through the tracee's fd (sockfs xattr). */
-static void socket_proto(pid_t tid, long fd, char *out, size_t size)
+void socket_proto(pid_t tid, long fd, char *out, size_t size)
 {
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/fd/%ld", tid, fd);

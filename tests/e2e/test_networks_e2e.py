@@ -179,6 +179,21 @@ except socket.timeout:
 """
 
 
+# to who.py's udp-read server: a datagram naming where the answer goes (it reads with read())
+DATAGRAM_READ = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(3)
+s.bind(("0.0.0.0", 0))
+host, port = s.getsockname()
+s.sendto(f"who {'127.0.0.1' if host == '0.0.0.0' else host}:{port}".encode(), (sys.argv[1], int(sys.argv[2])))
+try:
+    print(s.recv(64).decode())
+except socket.timeout:
+    print("no answer")
+"""
+
+
 def test_another_user_of_the_node_reaches_only_what_is_published(nets):
     node, _ = nets
     own = addresses(node)
@@ -198,6 +213,15 @@ def test_another_user_of_the_node_reaches_only_what_is_published(nets):
     said = node.run(f"python3 -c {shlex.quote(DATAGRAM)} {own['api']} 8000", timeout=60)
     assert said.stdout.strip() == "I am api", said.stdout + said.stderr
     said = node.run(f"cd ~ && {OUT}/run.sh exec front python3 -c {shlex.quote(DATAGRAM)} api 8000", timeout=120)
+    assert said.stdout.strip() == "I am api", said.stdout + said.stderr
+    # the same for datagrams api reads with read(), which does not say the sender
+    outsider = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                               "-c", DATAGRAM_READ, own["api"], "8001"], capture_output=True, text=True, timeout=60,
+                              cwd="/")
+    assert outsider.stdout.strip() == "no answer", outsider.stdout + outsider.stderr
+    said = node.run(f"python3 -c {shlex.quote(DATAGRAM_READ)} {own['api']} 8001", timeout=60)
+    assert said.stdout.strip() == "I am api", said.stdout + said.stderr
+    said = node.run(f"cd ~ && {OUT}/run.sh exec front python3 -c {shlex.quote(DATAGRAM_READ)} api 8001", timeout=120)
     assert said.stdout.strip() == "I am api", said.stdout + said.stderr
 
 

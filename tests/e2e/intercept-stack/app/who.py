@@ -1,7 +1,10 @@
 """A server that answers its own name (argv[1]) on every address of port argv[2] (8000 without it),
-as an image's default server does: it binds 0.0.0.0 and is told nothing. With argv[3] `udp` it
-also answers each datagram to that port with its name, to the sender (recvfrom, as UDP servers do)."""
+as an image's default server does: it binds 0.0.0.0 and is told nothing. With `udp` among the
+later arguments it also answers each datagram to that port with its name, to the sender (recvfrom,
+as UDP servers do); with `udp-read`, each datagram to the port after it, read with read() (as Go's
+UDPConn.Read does: nothing says the sender), to the HOST:PORT the datagram names."""
 import http.server
+import os
 import socket
 import sys
 import threading
@@ -30,6 +33,16 @@ def answer_datagrams():
         s.sendto(f"I am {NAME}".encode(), sender)
 
 
-if sys.argv[3:] == ["udp"]:
+def answer_read_datagrams():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("0.0.0.0", PORT + 1))
+    while True:
+        host, port = os.read(s.fileno(), 512).decode().split()[1].rsplit(":", 1)
+        s.sendto(f"I am {NAME}".encode(), (host, int(port)))
+
+
+if "udp" in sys.argv[3:]:
     threading.Thread(target=answer_datagrams, daemon=True).start()
+if "udp-read" in sys.argv[3:]:
+    threading.Thread(target=answer_read_datagrams, daemon=True).start()
 http.server.ThreadingHTTPServer(("0.0.0.0", PORT), Who).serve_forever()
