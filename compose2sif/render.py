@@ -283,7 +283,6 @@ def _service_function(s: ServicePlan, fn: str, own_address: str, reach: str = ""
         f"S_INTERNAL={0 if s.reach.get('outside', True) else 1}",
         f"    S_HIDDEN_NAMES={_array(hidden)}",  # ADDR:ALIAS: a peer's alias on a network it is not on
         f"    S_NETWORKS={_q(','.join(s.reach.get('networks', [])) or s.reach.get('mode', ''))}",
-        f"    S_DNS_PORT={s.dns_port or ''}",  # its own DNS server (the names it reaches), else the project's
         f"    S_HEALTH={_array(health['test'] if health else [])}",
         f"    S_CHECK={_array(s.check)}",  # its adapter's: why its program would not start
         # three words a pre_start step: its image key, its env file, its fingerprint
@@ -323,8 +322,10 @@ def render_runner(plan: Plan) -> str:
            f"GATEWAY={gateway_address(plan.address_block)}",
            "# a network_mode: host service beside own addresses: their binds share ports with its wildcard ones",
            f"SHARE_PORTS={1 if any(s.host_network for s in plan.services) else 0}",
-           "# the project's DNS server, where the tracer sends queries to Docker's 127.0.0.11 (run/lib/dns.sh)",
-           f'DNS_ENDPOINT="$GATEWAY:{dns_port(plan.port_base)}"',
+           "# the project's DNS server, where the tracer sends queries to Docker's 127.0.0.11 (run/lib/dns.sh),",
+           "# and DNS_PORT on its own address, a service's own one where its networks reach less",
+           f"DNS_PORT={dns_port(plan.port_base)}",
+           'DNS_ENDPOINT="$GATEWAY:$DNS_PORT"',
            f"LEVELS=({' '.join(str(s.level) for s in plan.services)})",
            f"MAX_LEVEL={max((s.level for s in plan.services), default=0)}",
            f"IMAGES={_array(plan.images)}",

@@ -3,6 +3,7 @@ network forms, and for every real project of ../shared/realworld that the reach 
 connection Docker allows and adds none, each pair computed from Docker Compose's own `config` of the
 project (the oracle), not from compose2sif's loader."""
 import itertools
+import sys
 from pathlib import Path
 
 import pytest
@@ -154,20 +155,68 @@ def docker_hidden(config, reach, services):
     return found
 
 
-def test_each_service_of_networks_of_its_own_gets_a_dns_port_of_its_own(tmp_path):
-    from compose2sif.plan import PlanOptions, build_plan
-    from compose2sif.plan.network import PORT_BLOCK, dns_port
-    (tmp_path / "compose.yaml").write_text(NETWORKS.replace("  front: {image: x, networks: [web]}",
-                                                            "  front: {image: x, networks: [web], ports: ['8080:80']}"))
-    project = load_project(ProjectOptions(cwd=str(tmp_path), environ={}))
-    plan = build_plan(project, PlanOptions(loopback=True, port_base=30000, address_block="127.45.3"))
-    ports = {s.name: s.dns_port for s in plan.services}
-    limited = {s.name for s in plan.services if s.reach_limited}
-    assert {n for n, p in ports.items() if p} == limited and "node" not in limited
-    taken = {int(p.forward.rsplit(":", 1)[1]) for s in plan.services for p in s.ports if p.forward}
-    mine = [ports[n] for n in sorted(limited)]
-    assert len(set(mine)) == len(mine) and not set(mine) & taken
-    assert all(30000 <= p < 30000 + PORT_BLOCK // 2 and p != dns_port(30000) for p in mine)
+ASK_DNS = """
+import socket, struct, sys
+def ask(server, name):
+    q = struct.pack(">HHHHHH", 7, 0x0100, 1, 0, 0, 0) + b"".join(bytes([len(p)]) + p.encode() for p in name.split("."))
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+    s.sendto(q + b"\\x00" + struct.pack(">HH", 1, 1), (server, int(sys.argv[1])))
+    r = s.recv(512)
+    return socket.inet_ntoa(r[-4:]) if struct.unpack(">H", r[6:8])[0] else "none"
+for line in sys.stdin:
+    server, name = line.split()
+    print(server, name, ask(server, name))
+"""
+
+
+def test_every_service_of_networks_of_its_own_gets_a_dns_server_of_its_own_however_many(tmp_path):
+    """70 services, each with its partner on a network of their own (more than the block's lower half
+    has ports): `up`'s start_dns (run/lib/dns.sh) gives each a DNS server on its own address and the
+    one DNS_PORT, where its tracer sends queries to 127.0.0.11 (--dns, tracer_words). Each answers
+    the partner's name and not another pair's (their networks are internal: nothing is relayed to
+    the node's resolver); the project's, on the gateway, knows every name."""
+    import os
+    import subprocess
+    from helpers import packaged_helper
+    repo = Path(__file__).resolve().parent.parent
+    pairs = 35
+    (tmp_path / "compose.yaml").write_text("services:\n" + "".join(
+        f"  s{i}: {{image: x, networks: [n{i // 2}]}}\n" for i in range(2 * pairs))
+        + "networks:\n" + "".join(f"  n{k}: {{internal: true}}\n" for k in range(pairs)))  # no relay: no wait
+    out = tmp_path / "out"
+    subprocess.run(["python3", "-m", "compose2sif", "-f", str(tmp_path / "compose.yaml"), "convert", "--offline",
+                    "-o", str(out)], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(repo)})
+    text = (out / "run.sh").read_text()
+    (out / "header.sh").write_text(text[:text.index("# ---- the engine (the same for every project")])
+    (out / "bin" / "x86_64").mkdir(parents=True, exist_ok=True)
+    if not (out / "bin" / "x86_64" / "c2s-loopback").exists():
+        (out / "bin" / "x86_64" / "c2s-loopback").symlink_to(packaged_helper("c2s-loopback"))
+    libs = f'source {out}/header.sh && for f in {repo}/run/lib/*.sh; do source "$f"; done && ISOLATION=intercept'
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    words = subprocess.run(["bash", "-c", libs + ' && echo "$DNS_PORT $GATEWAY" && for n in s0 s1 s69; do '
+                            'load_service $n && tracer_words && echo "$S_OWN_ADDRESS ${TRACER_WORDS[*]}"; done'],
+                           capture_output=True, text=True, env=env)
+    assert words.returncode == 0, words.stderr
+    (port, gateway), *services = [line.split() for line in words.stdout.splitlines()]
+    for own, *tracer in services:
+        assert tracer[tracer.index("--dns") + 1] == f"{own}:{port}"
+    addresses = {names[0]: address for address, names in
+                 __import__("json").loads((out / "plan.json").read_text())["hosts"] if names}
+    try:
+        started = subprocess.run(["bash", "-c", libs + ' && make_dirs "$STATE/logs" && write_service_hosts '
+                                  '"127.0.0.1 localhost" && start_dns'], capture_output=True, text=True, env=env,
+                                 timeout=300)
+        assert started.returncode == 0 and "not served" not in started.stderr, started.stderr
+        questions = [f"{addresses[f's{i}']} s{i ^ 1}" for i in range(2 * pairs)]
+        questions += [f"{addresses['s0']} s69", f"{addresses['s69']} s0", f"{gateway} s0", f"{gateway} s69"]
+        asked = subprocess.run([sys.executable, "-c", ASK_DNS, port], input="\n".join(questions) + "\n",
+                               capture_output=True, text=True, timeout=120)
+        assert asked.returncode == 0, asked.stderr
+        said = [line.split()[2] for line in asked.stdout.splitlines()]
+        assert said[:2 * pairs] == [addresses[f"s{i ^ 1}"] for i in range(2 * pairs)]
+        assert said[2 * pairs:] == ["none", "none", addresses["s0"], addresses["s69"]]
+    finally:
+        subprocess.run(["bash", "-c", libs + " && stop_dns"], capture_output=True, env=env, timeout=60)
 
 
 def test_each_service_hosts_file_and_dns_names_hold_the_aliases_of_its_networks_only(tmp_path):

@@ -460,7 +460,6 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
         warnings.append("the WORKDIR of the images of " + ", ".join(sorted(unknown_workdir)) + " is unknown (their "
                         "registry was not asked); they start in your home directory unless `working_dir` is set")
     plans.sort(key=lambda p: (p.level, p.name))
-    _assign_dns_ports(plans, network)
     tls = None
     if options.tls:
         tls = {"cert": "tls/cert.pem", "key": "tls/key.pem", "ports": tls_ports,
@@ -478,19 +477,6 @@ def assemble(project: Project, found: Discovery, network: NetworkPlan, drafts: D
                 entry_points=_entry_points(plans, found.adapters),
                 generated_secrets=dict(options.secrets.chosen) if options.secrets else {},
                 registry_mirrors=options.registry_mirrors.to_json())
-
-
-def _assign_dns_ports(plans: List[ServicePlan], network: NetworkPlan) -> None:
-    """Each service whose networks reach less than the project asks a DNS server of its own, which
-    knows the names it reaches (Docker's DNS answers by the asker): a port of the block's lower
-    half each, down from the project's DNS server's, past the forwarders' ports. Where none is left
-    it asks the project's (every name)."""
-    used = {int(e.forward.rsplit(":", 1)[1]) for endpoints in network.endpoints.values()
-            for e in endpoints.values() if e.forward and e.forward.rsplit(":", 1)[1].isdigit()}
-    free = iter([p for p in range(dns_port(network.port_base) - 1, network.port_base - 1, -1) if p not in used])
-    for plan in sorted(plans, key=lambda p: p.name):
-        if plan.reach_limited:
-            plan.dns_port = next(free, None)
 
 
 def _free_forward_port(network: NetworkPlan) -> int:

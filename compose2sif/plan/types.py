@@ -75,7 +75,6 @@ class ServicePlan:
     # who it may connect to, by its compose networks (plan/reach.py): networks, services, outside, mode
     reach: Dict[str, Any] = field(default_factory=dict)
     reach_limited: bool = False       # less than every service and beyond: the tracer is told (--reach)
-    dns_port: Optional[int] = None    # its own DNS server's port on the gateway (the names it reaches)
 
 
 @dataclass

@@ -8,10 +8,11 @@
 # alias, hostname and container_name: the service's own address) and relays every other query to
 # the node's resolver. Recorded as RUNDIR/dns, "PID START"; `down` stops it.
 
-# A service whose networks reach less than the project asks a DNS server of its own (S_DNS_PORT
-# on the gateway), which answers the names it reaches (STATE/hosts.d/NAME.names, write_service_hosts)
-# and, where all its networks are internal, nothing beyond them (--no-relay): Docker's DNS answers
-# by the asker. Recorded as RUNDIR/dns.d/NAME.
+# A service whose networks reach less than the project asks a DNS server of its own, on its own
+# address and DNS_PORT (the same port for all: no forwarder takes it, and the own addresses are
+# many), which answers the names it reaches (STATE/hosts.d/NAME.names, write_service_hosts) and,
+# where all its networks are internal, nothing beyond them (--no-relay): Docker's DNS answers by
+# the asker. Recorded as RUNDIR/dns.d/ADDRESS: a network_mode: service:X service asks X's.
 
 # Start the project's DNS servers unless they run; one line where one cannot listen (queries to
 # 127.0.0.11 then fail, as where nothing serves Docker's DNS).
@@ -22,11 +23,12 @@ start_dns() {
     make_dirs "$RUNDIR/dns.d"
     for name in "${SERVICES[@]}"; do
         load_service "$name"
-        [ -n "$S_DNS_PORT" ] || continue
+        [ "$S_REACH_LIMITED" = 1 ] || continue
         if [ "$S_INTERNAL" = 1 ]; then
-            start_dns_server "$RUNDIR/dns.d/$name" "$GATEWAY:$S_DNS_PORT" "$STATE/hosts.d/$name.names" --no-relay
+            start_dns_server "$RUNDIR/dns.d/$S_OWN_ADDRESS" "$S_OWN_ADDRESS:$DNS_PORT" "$STATE/hosts.d/$name.names" \
+                --no-relay
         else
-            start_dns_server "$RUNDIR/dns.d/$name" "$GATEWAY:$S_DNS_PORT" "$STATE/hosts.d/$name.names"
+            start_dns_server "$RUNDIR/dns.d/$S_OWN_ADDRESS" "$S_OWN_ADDRESS:$DNS_PORT" "$STATE/hosts.d/$name.names"
         fi
     done
     return 0

@@ -120,7 +120,7 @@ tracer_words() {
     TRACER_WORDS=("$LOOPBACK_IN" --addr "$S_OWN_ADDRESS" "$@")
     for m in "${S_PORT_MAP[@]}"; do TRACER_WORDS+=(--map "$m"); done
     local dns=$DNS_ENDPOINT  # the project's DNS server, or its own one (the names its networks reach: dns.sh)
-    [ -n "$S_DNS_PORT" ] && dns=$GATEWAY:$S_DNS_PORT
+    [ "$S_REACH_LIMITED" = 1 ] && dns=$S_OWN_ADDRESS:$DNS_PORT
     TRACER_WORDS+=(--dns "$dns" --record "$RECORDS_IN/$S_NAME" --peers "$RECORDS_IN")
     # its compose networks: the project's addresses it may connect to, and none beyond where all are internal
     if [ "$S_REACH_LIMITED" = 1 ]; then TRACER_WORDS+=(--reach "$S_REACH"); fi

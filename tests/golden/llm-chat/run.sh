@@ -41,8 +41,10 @@ LOOPBACK_BLOCK=30050-30099
 GATEWAY=127.45.3.1
 # a network_mode: host service beside own addresses: their binds share ports with its wildcard ones
 SHARE_PORTS=0
-# the project's DNS server, where the tracer sends queries to Docker's 127.0.0.11 (run/lib/dns.sh)
-DNS_ENDPOINT="$GATEWAY:30049"
+# the project's DNS server, where the tracer sends queries to Docker's 127.0.0.11 (run/lib/dns.sh),
+# and DNS_PORT on its own address, a service's own one where its networks reach less
+DNS_PORT=30049
+DNS_ENDPOINT="$GATEWAY:$DNS_PORT"
 LEVELS=(0 0 0 1 2 3)
 MAX_LEVEL=3
 IMAGES=(ghcr.io-example-chat-api-latest postgres-16 vllm-vllm-openai-v0.19.1 nginx-1.27-alpine redis-7 build-web)
@@ -86,7 +88,6 @@ svc_0_db() {
     S_PORT_MAP=()
     S_HIDDEN_NAMES=()
     S_NETWORKS=default
-    S_DNS_PORT=
     S_HEALTH=(CMD-SHELL 'pg_isready -U ${POSTGRES_USER} -d ${POSTGRES_DB}')
     S_CHECK=()
     S_PRE_START=()
@@ -133,7 +134,6 @@ svc_1_llm() {
     S_PORT_MAP=()
     S_HIDDEN_NAMES=()
     S_NETWORKS=default
-    S_DNS_PORT=
     S_CHECK=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=30.0 S_HEALTH_TIMEOUT=30.0 S_HEALTH_RETRIES=3
@@ -181,7 +181,6 @@ svc_2_redis() {
     S_PORT_MAP=()
     S_HIDDEN_NAMES=()
     S_NETWORKS=default
-    S_DNS_PORT=
     S_HEALTH=(CMD redis-cli -h 127.45.3.6 ping)
     S_CHECK=()
     S_PRE_START=()
@@ -228,7 +227,6 @@ svc_3_api() {
     S_PORT_MAP=()
     S_HIDDEN_NAMES=()
     S_NETWORKS=default
-    S_DNS_PORT=
     S_HEALTH=()
     S_CHECK=()
     S_PRE_START=()
@@ -274,7 +272,6 @@ svc_4_web() {
     S_PORT_MAP=()
     S_HIDDEN_NAMES=()
     S_NETWORKS=default
-    S_DNS_PORT=
     S_CHECK=()
     S_PRE_START=()
     S_HEALTH_INTERVAL=10.0 S_HEALTH_TIMEOUT=3.0 S_HEALTH_RETRIES=5
@@ -318,7 +315,6 @@ svc_5_proxy() {
     S_PUBLISHED=('80 0.0.0.0:8080')
     S_HIDDEN_NAMES=()
     S_NETWORKS=default
-    S_DNS_PORT=
     S_HEALTH=()
     S_CHECK=()
     S_PRE_START=()
