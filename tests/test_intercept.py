@@ -873,6 +873,38 @@ def test_private_drops_datagrams_another_user_sends(shared_tracer, family, how):
     assert results[False] == [f"served from-{uid}" for uid, _ in senders]
 
 
+NODE_RESOLVER = textwrap.dedent("""
+    import socket, sys
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], 53))
+    print("ready", flush=True)
+    while True:
+        _, asker = s.recvfrom(512); s.sendto(b"answer", asker)
+""")
+ASK_RESOLVER = ("import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2); "
+                "s.connect((sys.argv[1], 53)); s.send(b'q')\ntry: print(s.recvfrom(64)[0].decode())\n"
+                "except socket.timeout: print('no answer')")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to become other users")
+def test_private_lets_in_what_a_privileged_port_of_another_user_sends(shared_tracer):
+    """The node's resolver answers under a user of its own (systemd-resolved on 127.0.0.53:53, a
+    dnsmasq): a datagram from a privileged port, which no ordinary user can bind, is let in under
+    --private (here 65533 given CAP_NET_BIND_SERVICE, as such daemons are); one from an unprivileged
+    port of that user is not (test_private_drops_datagrams_another_user_sends)."""
+    python = "/usr/bin/python3"
+    resolver = subprocess.Popen([*as_user(65533), "--inh-caps=+net_bind_service", "--ambient-caps=+net_bind_service",
+                                 python, "-c", NODE_RESOLVER, "127.0.9.53"], stdout=subprocess.PIPE, text=True, cwd="/")
+    try:
+        assert resolver.stdout.readline() == "ready\n"
+        asked = subprocess.run([*as_user(65534), str(shared_tracer), "--addr", "127.0.9.24", "--private", "--",
+                                python, "-c", ASK_RESOLVER, "127.0.9.53"], capture_output=True, text=True, timeout=30,
+                               cwd="/")
+        assert asked.stdout.strip() == "answer", asked.stderr
+    finally:
+        resolver.kill()
+        resolver.wait()
+
+
 def test_the_projects_dns_server_answers_no_other_user(shared_tracer):
     """The project's DNS server (--serve-dns) answers its user and root, over UDP and TCP; a query
     of another user gets nothing (the project's names are the project's, as under Docker)."""

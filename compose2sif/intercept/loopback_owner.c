@@ -271,12 +271,33 @@ int foreign_peer(pid_t tid, long fd)
 
 /* ---- datagrams ------------------------------------------------------------------------------- */
 
+/* The first port an unprivileged user may bind (net.ipv4.ip_unprivileged_port_start, 1024 where
+ * the kernel has no such setting). */
+static unsigned unprivileged_port_start(void)
+{
+    static unsigned start;
+    if (!start) {
+        FILE *f = fopen("/proc/sys/net/ipv4/ip_unprivileged_port_start", "re");
+        if (!f || fscanf(f, "%u", &start) != 1)
+            start = 1024;
+        if (f)
+            fclose(f);
+        if (!start)
+            start = 65536;  /* 0: every port is anyone's */
+    }
+    return start;
+}
+
 /* Whether A is an address of this node: 127/8, ::1, or one of the node's own (IPv4, v4-mapped
- * too). Only a datagram from such an address can come from a socket of another user of the node;
- * one from another host is let in without a lookup. */
+ * too), on a port any user may bind. Only a datagram from such an address can come from a socket
+ * of another user of the node; one from another host is let in without a lookup, and so is one
+ * from a privileged port, which only root and the services it starts bind: the node's resolver
+ * (systemd-resolved's 127.0.0.53:53, a dnsmasq) answers under a user of its own. */
 static int from_this_node(const union sockaddr_any *a)
 {
     struct in_addr v4;
+    if (ntohs(a->sa.sa_family == AF_INET ? a->in4.sin_port : a->in6.sin6_port) < unprivileged_port_start())
+        return 0;
     if (a->sa.sa_family == AF_INET)
         v4 = a->in4.sin_addr;
     else if (a->sa.sa_family != AF_INET6)
