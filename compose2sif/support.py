@@ -63,9 +63,12 @@ SERVICE_KEYS: Dict[str, KeySupport] = {
     "develop": _u("compose watch is a development feature; ignored"),
     "device_cgroup_rules": _u("no device cgroup without root; ignored"),
     "devices": _e("the device node is bound into the instance; access follows the caller's permissions"),
-    "dns": _u("instances share the host's network and resolver; ignored"),
-    "dns_opt": _u("instances share the host's network and resolver; ignored"),
-    "dns_search": _u("instances share the host's network and resolver; ignored"),
+    "dns": _u("the node's resolver answers (under the per-service loopback through Docker's DNS, 127.0.0.11, "
+                "which relays to it); ignored"),
+    "dns_opt": _u("the node's resolver answers (under the per-service loopback through Docker's DNS, 127.0.0.11, "
+                "which relays to it); ignored"),
+    "dns_search": _u("the node's resolver answers (under the per-service loopback through Docker's DNS, 127.0.0.11, "
+                "which relays to it); ignored"),
     "domainname": _u("instances share the host's UTS namespace; ignored"),
     "entrypoint": _h("replaces the image's ENTRYPOINT in the generated start script"),
     "env_file": _h("read with Docker Compose's rules and merged into the environment"),

@@ -253,13 +253,20 @@ def test_the_entry_probe_and_exec_run_under_the_tracer_with_words_quoted(project
                            'traced id -u && printf "<%s>" "${TRACED[@]}"')
     assert plain.stdout == "<id><-u>"
     intercept(tmp_path)
-    proc = run_lib(tmp_path, 'load_service a && START_FLAGS=() && loopback_start_flags && printf "<%s>" "${START_FLAGS[@]}"'
-                          ' && echo && traced id -u && printf "<%s>" "${TRACED[@]}"')
+    proc = run_lib(tmp_path, 'write_hosts && load_service a && START_FLAGS=() && loopback_start_flags && '
+                          'printf "<%s>" "${START_FLAGS[@]}" && echo && traced id -u && printf "<%s>" "${TRACED[@]}"')
     assert proc.returncode == 0, proc.stderr
     flags, words = proc.stdout.splitlines()
     run = tmp_path / "out" / "state" / "run"
     assert f"<{run}/a.traced:/.singularity.d/startscript:ro>" in flags
     assert f"<{run}/loopback:/.c2s/records>" in flags and f"<{run}/busybox.entry:/.c2s/entry:ro>" in flags
+    # Docker's DNS is its resolver, as on a Docker network; the node's search and options kept
+    state = tmp_path / "out" / "state"
+    assert f"<{state}/resolv.conf:/etc/resolv.conf:ro>" in flags
+    node = Path("/etc/resolv.conf").read_text().splitlines() if Path("/etc/resolv.conf").exists() else []
+    kept = [line for line in node if line.split()[:1] in (["search"], ["domain"], ["options"])]
+    assert (state / "resolv.conf").read_text().splitlines()[1:] == (
+        ["nameserver 127.0.0.11", *kept] + ([] if any("ndots:" in line for line in kept) else ["options ndots:0"]))
     dns = run_lib(tmp_path, 'echo "$DNS_ENDPOINT"').stdout.strip()
     assert dns.startswith(f"{BLOCK}.1:")
     assert words == (f"</.c2s/loopback><--addr><{BLOCK}.2><--dns><{dns}><--record></.c2s/records/a><--peers>"

@@ -166,6 +166,9 @@ loopback_start_flags() {
     } >"$wrapper.$BASHPID" && chmod 0755 "$wrapper.$BASHPID" && mv -f "$wrapper.$BASHPID" "$wrapper" || return 1
     START_FLAGS+=(--bind "$LOOPBACK:$LOOPBACK_IN:ro" --bind "$RUNDIR/loopback:$RECORDS_IN"
         --bind "$entry:/.c2s/entry:ro" --bind "$wrapper:/.singularity.d/startscript:ro")
+    # Docker's DNS as its resolver, as on a Docker network (write_resolv_conf, run/lib/state.sh)
+    traced_service && START_FLAGS+=(--bind "$STATE/resolv.conf:/etc/resolv.conf:ro")
+    return 0
 }
 
 # Before the loaded service's entry starts: its record emptied (the relocations of its last run

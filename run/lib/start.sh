@@ -366,8 +366,9 @@ explain_silent_exit() {
     done
     if [ ${#S_CHECK[@]} -gt 0 ] && [ -f "$S_SIF" ]; then
         runtime_flags
+        traced "${S_CHECK[@]}"  # under its tracer, as its entry would run
         echo "--- ${S_CHECK[*]} in its image ---"
-        "$RT" exec "${START_FLAGS[@]}" "$S_SIF" "${S_CHECK[@]}" 2>&1 | grep -v '^INFO' | tail -n 20
+        "$RT" exec "${START_FLAGS[@]}" "$S_SIF" "${TRACED[@]}" 2>&1 | grep -v '^INFO' | tail -n 20
     fi
     return 0
 }

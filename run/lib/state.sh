@@ -42,7 +42,31 @@ write_hosts() {
         echo "# compose2sif: $PROJECT"
         cat "$hosts_names"
     } >"$STATE/hosts.$BASHPID" && chmod 0644 "$STATE/hosts.$BASHPID" && mv -f "$STATE/hosts.$BASHPID" "$STATE/hosts"
-    [ "$ISOLATION" = intercept ] && write_service_hosts "${node[@]}"
+    if [ "$ISOLATION" = intercept ]; then
+        write_service_hosts "${node[@]}"
+        write_resolv_conf
+    fi
+}
+
+# Under the tracer every service's resolver is Docker's, 127.0.0.11, as on a Docker network: the
+# tracer sends its queries to the project's DNS server or its own (run/lib/dns.sh), which answer
+# the names its networks reach and ask the node's resolver the rest from the node, where a
+# resolver of the node's loopback (127.0.0.1, systemd-resolved's 127.0.0.53) is reached as it is,
+# not as the service's own address. The node's search and options lines are kept, and ndots:0
+# added where they set none, as Docker writes it. STATE/resolv.conf, bound by runtime_flags.
+write_resolv_conf() {
+    local lines=() line out=("# compose2sif: Docker's DNS under the per-service loopback (run/lib/state.sh)"
+        "nameserver 127.0.0.11") ndots=0
+    { mapfile -t lines </etc/resolv.conf; } 2>/dev/null
+    for line in "${lines[@]}"; do
+        case $line in
+            search[[:space:]]* | domain[[:space:]]*) out+=("$line") ;;
+            options[[:space:]]*) out+=("$line"); [[ $line == *ndots:* ]] && ndots=1 ;;
+        esac
+    done
+    [ "$ndots" = 1 ] || out+=("options ndots:0")
+    printf '%s\n' "${out[@]}" >"$STATE/resolv.conf.$BASHPID" && chmod 0644 "$STATE/resolv.conf.$BASHPID" &&
+        mv -f "$STATE/resolv.conf.$BASHPID" "$STATE/resolv.conf"
 }
 
 # As written, a service whose networks reach less than all of the project gets a hosts file of

@@ -244,3 +244,28 @@ def test_dockers_dns_answers_each_service_the_names_its_networks_reach(nets):
     assert ask("sandbox", "egress-web").startswith("rcode ") and ask("front", "proxy").startswith("rcode ")
     for via, name in (("front", "db"), ("sandbox", "api"), ("sandbox", "db")):
         assert ask(via, name).startswith("rcode "), f"{via} resolved {name}"
+
+
+LOOKUP = ("import socket, sys\ntry: print(socket.gethostbyname(sys.argv[1]))\n"
+          "except OSError as e: print('not found', e.errno)")
+
+
+def test_a_services_resolver_is_dockers_dns_as_on_a_docker_network(nets):
+    """As on a Docker network, each traced service's /etc/resolv.conf names 127.0.0.11 alone (the
+    node's search and options kept, ndots:0 added where they set none), which its tracer sends to
+    its DNS server: glibc's lookups beyond the hosts file go through it to the node's resolver
+    (asked from the node, so a resolver on the node's loopback works), and a service whose
+    networks are all internal gets no name from beyond."""
+    node, _ = nets
+    conf = node.run(f"cd ~ && {OUT}/run.sh exec front cat /etc/resolv.conf", timeout=120)
+    servers = [line.split()[1] for line in conf.stdout.splitlines() if line.startswith("nameserver")]
+    assert servers == ["127.0.0.11"], conf.stdout + conf.stderr
+    outside = "pypi.org"  # a name of the node's resolver, where the node has one that answers
+    on_node = node.run(f"python3 -c {shlex.quote(LOOKUP)} {outside}", timeout=60).stdout.strip()
+    in_front = node.run(f"cd ~ && {OUT}/run.sh exec front python3 -c {shlex.quote(LOOKUP)} {outside}", timeout=120)
+    in_sandbox = node.run(f"cd ~ && {OUT}/run.sh exec sandbox python3 -c {shlex.quote(LOOKUP)} {outside}",
+                          timeout=120)
+    assert in_sandbox.stdout.startswith("not found"), in_sandbox.stdout + in_sandbox.stderr
+    if on_node.startswith("not found"):
+        pytest.skip(f"the node resolves no {outside} ({on_node}): the relay beyond the project is not checked here")
+    assert in_front.stdout.strip() == on_node, in_front.stdout + in_front.stderr
