@@ -357,8 +357,9 @@ def test_sendmsg_with_an_address_is_relocated_and_refused_as_sendto_is_and_io_ur
         assert untraced.stdout.startswith("io_uring ") and int(untraced.stdout.split()[1]) > 2, untraced.stdout
 
 
-SENDMMSG_EACH = textwrap.dedent("""
-    import ctypes, socket, struct, sys
+# struct iovec and struct mmsghdr for the scripts below, and the C library
+MMSG_TYPES = textwrap.dedent("""
+    import ctypes
     class iovec(ctypes.Structure):
         _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
     class mmsghdr(ctypes.Structure):  # struct msghdr, then msg_len
@@ -366,6 +367,9 @@ SENDMMSG_EACH = textwrap.dedent("""
                     ("iovlen", ctypes.c_size_t), ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
                     ("flags", ctypes.c_int), ("pad", ctypes.c_int), ("len", ctypes.c_uint32)]
     libc = ctypes.CDLL(None, use_errno=True)
+""")
+SENDMMSG_EACH = MMSG_TYPES + textwrap.dedent("""
+    import socket, struct, sys
     targets = [(t.rsplit(":", 1)[0], int(t.rsplit(":", 1)[1])) for t in sys.argv[1:]]
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", 0)); s.settimeout(3)
     names = [ctypes.create_string_buffer(struct.pack("=H", socket.AF_INET) + struct.pack(">H", p)
@@ -763,19 +767,11 @@ def test_private_closes_what_another_user_connects_before_the_program_reads(shar
     assert results[False] == ["served"] * 5
 
 
-ECHO_DATAGRAMS = textwrap.dedent("""
-    import ctypes, os, socket, sys
+ECHO_DATAGRAMS = MMSG_TYPES + textwrap.dedent("""
+    import os, socket, sys
     port, family, how = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     s = socket.socket(socket.AF_INET6 if family == "6" else socket.AF_INET, socket.SOCK_DGRAM)
     s.bind(("::" if family == "6" else "0.0.0.0", port))
-
-    class iovec(ctypes.Structure):
-        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-    class mmsghdr(ctypes.Structure):  # struct msghdr, then msg_len
-        _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32), ("iov", ctypes.POINTER(iovec)),
-                    ("iovlen", ctypes.c_size_t), ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
-                    ("flags", ctypes.c_int), ("pad", ctypes.c_int), ("len", ctypes.c_uint32)]
-    libc = ctypes.CDLL(None, use_errno=True)
     def recvmmsg():  # a batch of up to 4 (MSG_WAITFORONE), as busy UDP servers ask; the first one's
         bufs = [ctypes.create_string_buffer(512) for _ in range(4)]
         names = [ctypes.create_string_buffer(128) for _ in range(4)]
